@@ -1,0 +1,44 @@
+"""dasktune: Ray Tune's API for hyperparameter tuning, running on Dask.
+
+``import dasktune as tune`` in place of ``from ray import tune``; ``dasktune.init`` /
+``dasktune.shutdown`` in place of ``ray.init`` / ``ray.shutdown``.
+"""
+
+from __future__ import annotations
+
+from dasktune import _dask_config  # noqa: F401  (registers the dasktune: config section)
+from dasktune.callback import Callback
+from dasktune.checkpoint import Checkpoint
+from dasktune.config import CheckpointConfig, FailureConfig, RunConfig, TuneConfig
+from dasktune.results import Result, ResultGrid, TuneError
+from dasktune.runtime import init, is_initialized, shutdown
+from dasktune.session import get_checkpoint, get_context, report
+from dasktune.space import (
+    choice,
+    grid_search,
+    lograndint,
+    loguniform,
+    qlograndint,
+    qloguniform,
+    qrandint,
+    qrandn,
+    quniform,
+    randint,
+    randn,
+    sample_from,
+    uniform,
+)
+from dasktune.stopper import Stopper
+from dasktune.trainable import Trainable, with_parameters, with_resources
+from dasktune.tuner import Tuner
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Callback", "Checkpoint", "CheckpointConfig", "FailureConfig", "Result", "ResultGrid",
+    "RunConfig", "Stopper", "Trainable", "TuneConfig", "TuneError", "Tuner", "choice",
+    "get_checkpoint", "get_context", "grid_search", "init", "is_initialized", "lograndint",
+    "loguniform", "qlograndint", "qloguniform", "qrandint", "qrandn", "quniform", "randint",
+    "randn", "report", "sample_from", "shutdown", "uniform", "with_parameters",
+    "with_resources",
+]

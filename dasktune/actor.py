@@ -1,0 +1,216 @@
+"""The trial actor: one attempt of one trial, living on a Dask worker.
+
+The user's code runs in a thread of its own (Dask runs all actors' synchronous
+methods on one shared thread, so a training loop there would stall every other
+trial on the worker). The actor's methods are ``async`` and short: they run on the
+worker's event loop and never block it.
+
+Reports go into a bounded buffer. The driver long-polls :meth:`TrialActor.poll`,
+which returns every report after the one it acknowledged; a report leaves the
+buffer only once acknowledged, so a lost poll reply loses nothing. When the buffer
+is full, ``tune.report`` waits: memory stays bounded and nothing is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import traceback
+from collections import deque
+from typing import Any
+
+from dasktune.checkpoint import Checkpoint
+from dasktune.result import SHOULD_CHECKPOINT
+from dasktune.session import StopTrial, TrialSession, TrialSpec, _bind
+from dasktune.trainable import is_class_trainable
+
+_MAX_BATCH = 5000
+
+
+class TrialActor:
+    """Runs one attempt of a trial; created with ``client.submit(TrialActor, spec, params, actor=True)``."""
+
+    def __init__(self, spec: TrialSpec, params: dict[str, Any] | None = None):
+        self.spec = spec
+        self._params = params or {}
+        self._cond = threading.Condition()
+        self._buffer: deque[tuple[int, dict[str, Any] | None, str | None]] = deque()
+        self._seq = 0
+        self._finished = False
+        self._error: str | None = None
+        self._stop_now = threading.Event()
+        self._stop_after_checkpoint = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wakeup: asyncio.Event | None = None
+
+    # ------------------------------------------------------------ actor API
+    async def start(self) -> dict[str, Any]:
+        """Start the user's code in its own thread; returns where it runs."""
+        from distributed import get_worker
+
+        worker = get_worker()
+        self._loop = asyncio.get_running_loop()
+        self._wakeup = asyncio.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(worker.address,), daemon=True,
+            name=f"dasktune-trial-{self.spec.trial_id}-{self.spec.attempt}",
+        )
+        self._thread.start()
+        return {"pid": os.getpid(), "host": socket.gethostname(), "worker": worker.address}
+
+    async def poll(self, ack: int, wait: float = 0.2) -> dict[str, Any]:
+        """Drop reports up to ``ack``; return the next ones (waiting up to ``wait`` s)."""
+        assert self._wakeup is not None
+        with self._cond:
+            while self._buffer and self._buffer[0][0] <= ack:
+                self._buffer.popleft()
+            self._cond.notify_all()
+            empty = not self._buffer and not self._finished
+            if empty:
+                self._wakeup.clear()
+        if empty and wait > 0:
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), wait)
+            except asyncio.TimeoutError:
+                pass
+        with self._cond:
+            batch = [item for _, item in zip(range(_MAX_BATCH), self._buffer)]
+            finished = self._finished and len(batch) == len(self._buffer)
+            return {"reports": batch, "finished": finished,
+                    "error": self._error if finished else None}
+
+    async def stop(self, checkpoint: bool = False) -> None:
+        """End the attempt: at once, or after its next checkpoint (``checkpoint=True``).
+
+        A class trainable saves one at its next step boundary; a function trainable
+        runs on until it reports its next checkpoint.
+        """
+        if checkpoint:
+            self._stop_after_checkpoint.set()
+        else:
+            self._stop_now.set()
+        with self._cond:
+            self._cond.notify_all()
+
+    async def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # ------------------------------------------------------------ runner thread
+    def _emit(self, result: dict[str, Any] | None, checkpoint_path: str | None) -> None:
+        with self._cond:
+            while len(self._buffer) >= self.spec.max_buffered and not self._stop_now.is_set():
+                self._cond.wait(1.0)
+            self._seq += 1
+            self._buffer.append((self._seq, result, checkpoint_path))
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._loop is not None and self._wakeup is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._wakeup.set)
+            except RuntimeError:  # the worker's loop closed: the worker is going away
+                pass
+
+    def _should_stop(self, had_checkpoint: bool = False) -> bool:
+        if self._stop_now.is_set():
+            return True
+        return had_checkpoint and self._stop_after_checkpoint.is_set()
+
+    def _run(self, worker_address: str) -> None:
+        spec = self.spec
+        session = TrialSession(spec, self._emit, self._should_stop, worker_address)
+        _bind(session)
+        try:
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(spec.gpu_ids)
+            if is_class_trainable(spec.trainable):
+                self._run_class(session)
+            else:
+                self._run_function(session)
+        except StopTrial:
+            pass
+        except BaseException:  # noqa: BLE001 - the trial's error, reported to the driver
+            self._error = traceback.format_exc()
+        finally:
+            _bind(None)
+            session.close()
+            with self._cond:
+                self._finished = True
+            self._wake()
+
+    def _run_function(self, session: TrialSession) -> None:
+        config = copy.deepcopy(self.spec.config)
+        out = self.spec.trainable(config, **self._params)
+        if isinstance(out, dict):  # Ray: a returned dict is the final result
+            session.report(out)
+
+    def _run_class(self, session: TrialSession) -> None:
+        spec = self.spec
+        inst = spec.trainable(
+            copy.deepcopy(spec.config),
+            trial_info={
+                "trial_id": spec.trial_id,
+                "trial_name": spec.trial_name,
+                "logdir": session.local_trial_dir(),
+                "resources": {**spec.resources, "gpu_ids": list(spec.gpu_ids)},
+                "iteration": session.iteration,
+                "time_total_s": session.time_total,
+                "params": self._params,
+            },
+        )
+        try:
+            if spec.restore_path:
+                with Checkpoint(spec.restore_path, spec.storage.fs).as_directory() as local:
+                    inst.restore(local)
+            last_checkpointed = -1
+            while True:
+                if self._stop_now.is_set():
+                    return
+                if self._stop_after_checkpoint.is_set():
+                    if last_checkpointed != session.iteration:
+                        self._save_only(inst, session)
+                    return
+                result = inst.train()
+                done = bool(result.get("done", False))
+                want = bool(result.pop(SHOULD_CHECKPOINT, False))
+                freq = spec.checkpoint_frequency
+                next_iter = session.iteration + 1
+                if freq and next_iter % freq == 0:
+                    want = True
+                if done and spec.checkpoint_at_end:
+                    want = True
+                ckpt_dir = inst.save(tempfile.mkdtemp(prefix="dasktune-save-")) if want else None
+                try:
+                    checkpoint = Checkpoint.from_directory(ckpt_dir) if ckpt_dir else None
+                    try:
+                        session.report(result, checkpoint=checkpoint)
+                    except StopTrial:
+                        if spec.checkpoint_at_end and ckpt_dir is None:
+                            self._save_only(inst, session)
+                        return
+                finally:
+                    if ckpt_dir:
+                        shutil.rmtree(ckpt_dir, ignore_errors=True)
+                if ckpt_dir:
+                    last_checkpointed = session.iteration
+                if done:
+                    return
+        finally:
+            inst.stop()
+
+    def _save_only(self, inst: Any, session: TrialSession) -> None:
+        """A checkpoint with no new result (pause, graceful move, checkpoint_at_end)."""
+        ckpt_dir = inst.save(tempfile.mkdtemp(prefix="dasktune-save-"))
+        try:
+            path = session.commit_checkpoint(
+                Checkpoint.from_directory(ckpt_dir),
+                {"training_iteration": session.iteration, "time_total_s": session.time_total},
+            )
+        finally:
+            shutil.rmtree(ckpt_dir, ignore_errors=True)
+        self._emit(None, path)

@@ -1,0 +1,587 @@
+"""The driver loop: asks search for trials, applies scheduler decisions, talks to one executor.
+
+One thread, no Dask. Each pass: fill free slots (``scheduler.choose_trial_to_run``,
+else a new suggestion from search), wait briefly for executor events, and route
+each report through loggers, searcher, scheduler and stopper, in report order.
+
+Where a report travels: ``tune.report`` (worker) -> actor buffer -> executor poll
+-> :meth:`TuneController._on_reports` -> callbacks (``result.json``, ``progress.csv``,
+TensorBoard, dashboard) -> searcher -> scheduler -> stop decision.
+
+Reports carry the attempt that made them; one from an attempt that is not the
+trial's current one (a zombie after a partition, or a stopped attempt's tail) is
+dropped. After a restart, iterations already logged are not logged again.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import traceback
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from dasktune import _dask_config
+from dasktune.callback import Callback, CallbackList
+from dasktune.checkpoint import Checkpoint
+from dasktune.executor import FINISHED, LOST, REPORTS, START_FAILED, STARTED, ExecEvent
+from dasktune.logger import EXPR_ERROR_FILE
+from dasktune.result import EARLY_STOPPED
+from dasktune.results import TuneError
+from dasktune.session import TrialSpec
+from dasktune.trial import ERROR, PAUSED, PENDING, RUNNING, TERMINATED, Placement, Trial
+
+if TYPE_CHECKING:
+    from dasktune.config import CheckpointConfig, FailureConfig
+    from dasktune.executor import DaskExecutor
+    from dasktune.schedulers import TrialScheduler
+    from dasktune.search import SearchAlgorithm
+    from dasktune.stopper import Stopper
+    from dasktune.storage import ExperimentStorage
+
+logger = logging.getLogger(__name__)
+
+# What the controller is doing to a RUNNING attempt, beyond waiting for reports.
+_STOPPING = "stopping"  # ended (TERMINATED/ERROR): wait for the actor to finish
+_PAUSING = "pausing"  # checkpoint, then PAUSED
+_EXPLOITING = "exploiting"  # PBT: restart with a new config from a donor checkpoint
+_REQUEUE = "requeue"  # restart from the latest checkpoint (a graceful move)
+
+
+class _Context:
+    """What schedulers may see of the experiment (read-only by convention)."""
+
+    def __init__(self, controller: TuneController):
+        self._c = controller
+
+    def get_trials(self) -> list[Trial]:
+        return self._c.trials
+
+    def get_live_trials(self) -> list[Trial]:
+        return [t for t in self._c.trials if not t.is_finished]
+
+    def time(self) -> float:
+        return time.time()
+
+
+class TuneController:
+    """Runs one experiment to the end on an executor."""
+
+    def __init__(
+        self,
+        *,
+        trainable: Any,
+        trainable_name: str,
+        storage: ExperimentStorage,
+        search_alg: SearchAlgorithm,
+        scheduler: TrialScheduler,
+        executor: DaskExecutor,
+        callbacks: list[Callback],
+        stopper: Stopper,
+        stop_dict: dict[str, Any] | None,
+        resources_for: Callable[[dict[str, Any]], dict[str, float]],
+        metric: str | list[str] | None,
+        mode: str | list[str] | None,
+        max_concurrent: int | None,
+        time_budget_s: float | None,
+        failure_config: FailureConfig,
+        checkpoint_config: CheckpointConfig,
+        params: dict[str, Any] | None = None,
+        trials: list[Trial] | None = None,
+        save_state: Callable[[TuneController], None] | None = None,
+        can_scale: bool = False,
+        reporter: Any = None,
+    ):
+        self.trainable = trainable
+        self.trainable_name = trainable_name
+        self.storage = storage
+        self.search_alg = search_alg
+        self.scheduler = scheduler
+        self.executor = executor
+        self.callbacks = CallbackList(callbacks)
+        self.stopper = stopper
+        self.stop_dict = stop_dict
+        self.resources_for = resources_for
+        self.metric = metric
+        self.mode = mode
+        self.max_concurrent = max_concurrent
+        self.time_budget_s = time_budget_s
+        self.failure_config = failure_config
+        self.checkpoint_config = checkpoint_config
+        self.params = params or {}
+        self.trials: list[Trial] = list(trials or [])
+        self._by_id = {t.trial_id: t for t in self.trials}
+        self._save_state = save_state
+        self._can_scale = can_scale
+        self._reporter = reporter
+        self._ctx = _Context(self)
+        self._action: dict[str, str] = {}
+        self._pending_exploit: dict[str, Any] = {}
+        self._iteration = 0
+        self._start = time.monotonic()
+        self._last_save = 0.0
+        self._save_period = _dask_config.get_seconds("controller.checkpoint-period")
+        self._stop_all = False
+        self._raise: BaseException | None = None
+        self._waiting_reason: str | None = None
+        self._dirty = False
+        self.num_reports = 0
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> list[Trial]:
+        self.callbacks.setup(stop=self.stop_dict, num_samples=None,
+                             total_num_samples=self.search_alg.total_samples,
+                             storage=self.storage, controller=self)
+        for trial in self.trials:
+            if trial.status == PENDING:
+                self.scheduler.on_trial_add(self._ctx, trial)
+        try:
+            while not self._finished():
+                self._step()
+        finally:
+            self._shutdown()
+        if self._raise is not None:
+            raise self._raise
+        return self.trials
+
+    def _finished(self) -> bool:
+        if self.executor.num_running:
+            return False
+        if self._stop_all:
+            return True
+        if any(t.status in (PENDING, PAUSED) for t in self.trials):
+            return False
+        return self.search_alg.is_finished()
+
+    def _step(self) -> None:
+        self._iteration += 1
+        self.callbacks.on_step_begin(iteration=self._iteration, trials=self.trials)
+        started = self._fill_slots()
+        timeout = 0.0 if started else 0.2
+        for event in self.executor.events(timeout):
+            self._on_event(event)
+        self._check_budget()
+        self.callbacks.on_step_end(iteration=self._iteration, trials=self.trials)
+        now = time.monotonic()
+        if self._dirty and now - self._last_save >= self._save_period:
+            self.save()
+        if self._reporter is not None:
+            self._reporter.maybe_report(self.trials, self._status_line())
+
+    def _status_line(self) -> str:
+        if self._waiting_reason:
+            return f"waiting for resources: {self._waiting_reason}"
+        return ""
+
+    def _shutdown(self) -> None:
+        self.executor.shutdown()
+        for trial in self.trials:
+            if trial.status == RUNNING:  # interrupted: resumable on restore
+                trial.set_status(PENDING)
+        try:
+            self.save()
+        finally:
+            self.callbacks.on_experiment_end(trials=self.trials)
+            if self._reporter is not None:
+                self._reporter.final(self.trials)
+
+    def save(self) -> None:
+        self._last_save = time.monotonic()
+        self._dirty = False
+        if self._save_state is not None:
+            self._save_state(self)
+
+    # ------------------------------------------------------------- starting
+    def _concurrency_ok(self) -> bool:
+        return self.max_concurrent is None or self.executor.num_running < self.max_concurrent
+
+    def _fill_slots(self) -> int:
+        started = 0
+        if self._stop_all:
+            return 0
+        while self._concurrency_ok():
+            trial = self.scheduler.choose_trial_to_run(self._ctx)
+            if trial is None:
+                if any(t.status == PENDING for t in self.trials) or self.search_alg.is_finished():
+                    break
+                if not self._new_trial():
+                    break
+                continue
+            if not self._try_start(trial):
+                break
+            started += 1
+        return started
+
+    def _new_trial(self) -> bool:
+        suggestion = self.search_alg.next_trial()
+        if suggestion is None:
+            return False
+        trial = Trial(trial_id=suggestion.trial_id, config=suggestion.config,
+                      experiment_tag=suggestion.experiment_tag)
+        trial.resources = self.resources_for(trial.config)
+        trial.evaluated_params = getattr(suggestion, "evaluated_params", None) or {}
+        trial.path = self.storage.trial_path(f"{self.trainable_name}_{trial.dirname}")
+        self.trials.append(trial)
+        self._by_id[trial.trial_id] = trial
+        self.scheduler.on_trial_add(self._ctx, trial)
+        self._dirty = True
+        return True
+
+    def _try_start(self, trial: Trial) -> bool:
+        worker = self.executor.place(trial.resources)
+        if worker is None:
+            why = self.executor.can_ever_fit(trial.resources)
+            if why is not None and not self._can_scale:
+                raise ValueError(f"trial {trial.trial_id} can never be placed: {why}")
+            self._waiting_reason = why or "all workers busy"
+            return False
+        self._waiting_reason = None
+        was_paused = trial.status == PAUSED
+        trial.attempt += 1
+        restore = trial.restore_path or trial.checkpoint
+        meta = self._checkpoint_meta(trial, restore)
+        spec = TrialSpec(
+            trial_id=trial.trial_id,
+            trial_name=trial.trial_name,
+            experiment_name=self.storage.name,
+            config=trial.config,
+            trainable=self.trainable,
+            storage=self.storage,
+            trial_path=trial.path or "",
+            attempt=trial.attempt,
+            resources=dict(trial.resources),
+            restore_path=restore,
+            restore_meta=meta,
+            stop=self.stop_dict,
+            checkpoint_frequency=self.checkpoint_config.checkpoint_frequency,
+            checkpoint_at_end=bool(self.checkpoint_config.checkpoint_at_end),
+            next_checkpoint_index=self._next_checkpoint_index(trial),
+            experiment_tag=trial.experiment_tag,
+            max_buffered=int(_dask_config.get("executor.max-buffered-reports")),
+        )
+        trial.restore_path = None
+        # A restart continues the iteration count of its checkpoint, or restarts at 0.
+        trial.set_status(RUNNING)
+        self.executor.start(spec, trial.resources, worker, self.params)
+        host = self.executor.workers().get(worker, {}).get("host", "")
+        trial.placements.append(Placement(attempt=trial.attempt, worker=worker, host=host,
+                                          start=time.time()))
+        if was_paused:
+            self.scheduler_hook("on_trial_unpause", trial)
+        self._dirty = True
+        return True
+
+    def scheduler_hook(self, name: str, trial: Trial) -> None:
+        hook = getattr(self.search_alg, name, None)
+        if hook is not None:
+            hook(trial.trial_id)
+
+    def _checkpoint_meta(self, trial: Trial, path: str | None) -> dict[str, Any]:
+        if not path:
+            return {}
+        for info in trial.checkpoints:
+            if info["path"] == path:
+                return {"training_iteration": info.get("iteration", 0),
+                        "time_total_s": info.get("time_total_s", 0.0)}
+        manifest = self.storage.read_manifest(path) or {}
+        return {"training_iteration": manifest.get("training_iteration", 0),
+                "time_total_s": manifest.get("time_total_s", 0.0)}
+
+    def _next_checkpoint_index(self, trial: Trial) -> int:
+        best = -1
+        for info in trial.checkpoints:
+            try:
+                best = max(best, int(info["path"].rsplit("_", 1)[-1]))
+            except ValueError:
+                pass
+        return best + 1
+
+    # ------------------------------------------------------------- events
+    def _on_event(self, event: ExecEvent) -> None:
+        trial = self._by_id.get(event.trial_id)
+        if trial is None or event.attempt != trial.attempt:
+            logger.debug("dropping %s from stale attempt %s of %s", event.kind, event.attempt,
+                         event.trial_id)
+            return
+        if event.kind == STARTED:
+            if trial.placements:
+                p = trial.placements[-1]
+                p.host = event.info.get("host", p.host)
+            self.callbacks.on_trial_start(iteration=self._iteration, trials=self.trials,
+                                          trial=trial)
+            if trial.checkpoint and trial.attempt > 1:
+                self.callbacks.on_trial_restore(iteration=self._iteration, trials=self.trials,
+                                                trial=trial)
+        elif event.kind in (REPORTS, FINISHED):
+            self._on_reports(trial, event.reports)
+            if event.kind == FINISHED:
+                self._on_finished(trial, event.error)
+        elif event.kind == LOST:
+            self._on_lost(trial, event.error or "worker lost")
+        elif event.kind == START_FAILED:
+            self._end_placement(trial, "error")
+            self.executor.release(trial.trial_id)
+            self._on_user_error(trial, event.error or "trial actor failed to start")
+
+    def _on_reports(self, trial: Trial,
+                    reports: list[tuple[int, dict[str, Any] | None, str | None]]) -> None:
+        for _seq, result, ckpt in reports:
+            if ckpt:
+                self._register_checkpoint(trial, ckpt, result)
+            action = self._action.get(trial.trial_id)
+            if result is None or trial.status != RUNNING or action in (_STOPPING, _EXPLOITING):
+                continue
+            it = int(result.get("training_iteration", 0))
+            if it <= trial.logged_iteration:
+                continue  # re-executed after a restart: logged once already
+            self.num_reports += 1
+            if self.metric is not None and not self._has_metrics(trial, result):
+                continue
+            trial.update_last_result(result)
+            trial.logged_iteration = it
+            self._dirty = True
+            self.callbacks.on_trial_result(iteration=self._iteration, trials=self.trials,
+                                           trial=trial, result=result)
+            self.search_alg.on_trial_result(trial.trial_id, result)
+            if action is not None:
+                continue  # pausing or moving: it runs on only to its checkpoint
+            decision = self.scheduler.on_trial_result(self._ctx, trial, result)
+            try:
+                if result.get("done") or self.stopper(trial.trial_id, result):
+                    decision = "STOP_DONE"
+            except ValueError as exc:
+                self._stop_with_error(trial, str(exc))
+                continue
+            self._apply(trial, decision, result)
+        if self.stopper.stop_all():
+            self._stop_everything("stopper.stop_all() returned True")
+
+    def _has_metrics(self, trial: Trial, result: dict[str, Any]) -> bool:
+        metrics = self.metric if isinstance(self.metric, (list, tuple)) else [self.metric]
+        for m in metrics:
+            if m not in result:
+                keys = sorted(k for k in result if k != "config")
+                self._stop_with_error(
+                    trial,
+                    f"trial {trial.trial_id} reported a result without the metric {m!r} "
+                    f"set in TuneConfig (reported keys: {keys})",
+                )
+                return False
+        return True
+
+    def _apply(self, trial: Trial, decision: Any, result: dict[str, Any]) -> None:
+        from dasktune.schedulers import TrialScheduler
+
+        tid = trial.trial_id
+        if decision in (TrialScheduler.CONTINUE, TrialScheduler.NOOP, None):
+            return
+        if decision == TrialScheduler.PAUSE:
+            self._action[tid] = _PAUSING
+            self.executor.stop(tid, checkpoint=True)
+            return
+        if decision in (TrialScheduler.STOP, "STOP_DONE"):
+            early = decision == TrialScheduler.STOP
+            self._complete(trial, result, early_stopped=early)
+            self._action[tid] = _STOPPING
+            self.executor.stop(tid)
+            return
+        if hasattr(decision, "config") and hasattr(decision, "checkpoint"):  # Exploit
+            self._action[tid] = _EXPLOITING
+            self._pending_exploit[tid] = decision
+            self.executor.stop(tid)
+            return
+        raise ValueError(f"scheduler returned an unknown decision {decision!r} for {tid}")
+
+    def _complete(self, trial: Trial, result: dict[str, Any] | None,
+                  early_stopped: bool = False) -> None:
+        """TERMINATED: the trial is done (its attempt may still be winding down)."""
+        if trial.is_finished:
+            return
+        trial.set_status(TERMINATED)
+        trial.last_result = dict(trial.last_result, done=True) if trial.last_result else {}
+        if early_stopped:
+            trial.stop_reason = "early_stopped"
+        final = dict(result or trial.last_result)
+        self.scheduler.on_trial_complete(self._ctx, trial, final)
+        if early_stopped:
+            final[EARLY_STOPPED] = True
+        self.search_alg.on_trial_complete(trial.trial_id, result=final)
+        self.callbacks.on_trial_complete(iteration=self._iteration, trials=self.trials,
+                                         trial=trial)
+        self._dirty = True
+        self.save()
+
+    def _on_finished(self, trial: Trial, error: str | None) -> None:
+        tid = trial.trial_id
+        action = self._action.pop(tid, None)
+        self.executor.release(tid)
+        if error and action != _STOPPING:
+            self._end_placement(trial, "error")
+            self._on_user_error(trial, error)
+            return
+        if action == _PAUSING:
+            self._end_placement(trial, "paused")
+            trial.set_status(PAUSED)
+        elif action == _EXPLOITING:
+            self._end_placement(trial, "exploited")
+            exploit = self._pending_exploit.pop(tid)
+            trial.config = dict(exploit.config)
+            trial.restore_path = exploit.checkpoint
+            trial.set_status(PENDING)
+        elif action == _REQUEUE:
+            self._end_placement(trial, "moved")
+            trial.set_status(PENDING)
+        elif action == _STOPPING:
+            self._end_placement(trial, "stopped")
+        else:
+            self._end_placement(trial, "done")
+            self._complete(trial, None)
+        self._dirty = True
+
+    def _on_lost(self, trial: Trial, why: str) -> None:
+        tid = trial.trial_id
+        action = self._action.pop(tid, None)
+        self._pending_exploit.pop(tid, None)
+        self._end_placement(trial, "lost")
+        self.executor.release(tid)
+        if trial.is_finished:
+            return
+        trial.num_restarts += 1
+        limit = self.failure_config.max_worker_losses
+        if limit != -1 and trial.num_restarts > limit:
+            self._error(trial, f"trial {tid} lost its worker {trial.num_restarts} times "
+                               f"(FailureConfig.max_worker_losses={limit}); last: {why}")
+            return
+        logger.info("trial %s: %s; restarting from %s", tid, why,
+                    trial.checkpoint or "scratch")
+        trial.set_status(PAUSED if action == _PAUSING else PENDING)
+        self.callbacks.on_trial_recover(iteration=self._iteration, trials=self.trials,
+                                        trial=trial)
+        self._dirty = True
+
+    def _on_user_error(self, trial: Trial, error: str) -> None:
+        trial.num_failures += 1
+        self._write_error(trial, error)
+        limit = self.failure_config.max_failures
+        if not trial.is_finished and (limit == -1 or trial.num_failures <= limit) \
+                and not self.failure_config.fail_fast:
+            trial.error_msg = error
+            trial.set_status(PENDING)
+            self.callbacks.on_trial_recover(iteration=self._iteration, trials=self.trials,
+                                            trial=trial)
+            return
+        self._error(trial, error)
+
+    def _stop_with_error(self, trial: Trial, message: str) -> None:
+        """End a trial for a mistake no retry can fix (e.g. a missing metric)."""
+        self._write_error(trial, message)
+        self._error(trial, message)
+        self._action[trial.trial_id] = _STOPPING
+        self.executor.stop(trial.trial_id)
+
+    def _error(self, trial: Trial, error: str) -> None:
+        if trial.is_finished:
+            return
+        trial.error_msg = error
+        trial.set_status(ERROR)
+        self.scheduler.on_trial_error(self._ctx, trial)
+        self.search_alg.on_trial_complete(trial.trial_id, result=None, error=True)
+        self.callbacks.on_trial_error(iteration=self._iteration, trials=self.trials, trial=trial)
+        self._dirty = True
+        self.save()
+        fail_fast = self.failure_config.fail_fast
+        if fail_fast:
+            self._stop_everything(f"trial {trial.trial_id} errored and fail_fast is set")
+            if fail_fast == "raise" and self._raise is None:
+                self._raise = TuneError(f"trial {trial.trial_id} failed:\n{error}")
+
+    def _write_error(self, trial: Trial, error: str) -> None:
+        if not trial.path:
+            return
+        path = f"{trial.path}/{EXPR_ERROR_FILE}"
+        try:
+            old = self.storage.read_bytes(path).decode() if self.storage.exists(path) else ""
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+            text = f"{old}Failure # {trial.num_failures} (occurred at {stamp})\n{error}\n"
+            self.storage.write_bytes(path, text.encode())
+            trial.error_file = path
+        except Exception:  # noqa: BLE001 - never let error reporting hide the error
+            logger.warning("could not write %s:\n%s", path, traceback.format_exc())
+
+    def _end_placement(self, trial: Trial, outcome: str) -> None:
+        if trial.placements and trial.placements[-1].end is None:
+            trial.placements[-1].end = time.time()
+            trial.placements[-1].outcome = outcome
+
+    # ------------------------------------------------------------- checkpoints
+    def _register_checkpoint(self, trial: Trial, path: str,
+                             result: dict[str, Any] | None) -> None:
+        metrics = {k: v for k, v in (result or trial.last_result or {}).items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        iteration = int((result or {}).get("training_iteration", trial.logged_iteration))
+        info = {"path": path, "iteration": iteration,
+                "time_total_s": float(metrics.get("time_total_s", 0.0)), "metrics": metrics}
+        trial.checkpoints.append(info)
+        trial.checkpoint = path
+        trial.checkpoint_iteration = iteration
+        self._enforce_retention(trial)
+        self._dirty = True
+        self.callbacks.on_trial_save(iteration=self._iteration, trials=self.trials, trial=trial)
+        self.callbacks.on_checkpoint(iteration=self._iteration, trials=self.trials, trial=trial,
+                                     checkpoint=Checkpoint(path, self.storage.fs))
+
+    def _enforce_retention(self, trial: Trial) -> None:
+        keep = self.checkpoint_config.num_to_keep
+        if keep is None or len(trial.checkpoints) <= keep:
+            return
+        attr = self.checkpoint_config.checkpoint_score_attribute
+        order = self.checkpoint_config.checkpoint_score_order
+        candidates = [c for c in trial.checkpoints if c["path"] != trial.checkpoint]
+
+        def score(c: dict[str, Any]) -> float:
+            if attr is None:
+                return float(c["iteration"])  # keep the newest
+            v = c["metrics"].get(attr)
+            if v is None or (isinstance(v, float) and math.isnan(v)):
+                return float("-inf")
+            return float(v) if order == "max" else -float(v)
+
+        candidates.sort(key=score)
+        excess = len(trial.checkpoints) - keep
+        for victim in candidates[:excess]:
+            trial.checkpoints.remove(victim)
+            self.storage.delete(victim["path"])
+
+    # ------------------------------------------------------------- budget
+    def _check_budget(self) -> None:
+        if self.time_budget_s is None or self._stop_all:
+            return
+        if time.monotonic() - self._start >= self.time_budget_s:
+            self._stop_everything(f"time budget of {self.time_budget_s}s reached")
+
+    def _stop_everything(self, why: str) -> None:
+        if self._stop_all:
+            return
+        logger.info("stopping the experiment: %s", why)
+        self._stop_all = True
+        for trial in self.trials:
+            if trial.status == RUNNING:
+                self._complete(trial, None)
+                self._action[trial.trial_id] = _STOPPING
+                self.executor.stop(trial.trial_id)
+            elif trial.status in (PENDING, PAUSED) and trial.last_result:
+                pass  # left PENDING/PAUSED: a restore can continue them
+
+    # ------------------------------------------------------------- external
+    def move_trials_off(self, worker: str) -> list[str]:
+        """Checkpoint and restart elsewhere every trial on a retiring worker."""
+        moved = []
+        for tid in self.executor.running_on(worker):
+            trial = self._by_id.get(tid)
+            if trial is None or trial.status != RUNNING or tid in self._action:
+                continue
+            self._action[tid] = _REQUEUE
+            self.executor.stop(tid, checkpoint=True)
+            moved.append(tid)
+        return moved

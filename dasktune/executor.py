@@ -1,0 +1,314 @@
+"""The only module that speaks Dask to run trials: placement, the resource ledger, actors.
+
+The controller (driver loop, main thread) calls :meth:`DaskExecutor.start`,
+:meth:`~DaskExecutor.stop` and :meth:`~DaskExecutor.events`. Each running attempt is
+a coroutine on the client's event loop that creates a :class:`~dasktune.actor.TrialActor`
+pinned to a chosen worker, starts it and long-polls it; what it learns goes into one
+thread-safe queue as :class:`ExecEvent` objects.
+
+Why a ledger: the scheduler holds an actor's ``resources=`` only while the actor is
+being created, so two ``GPU=1`` actors can land on one ``GPU=1`` worker. dasktune
+therefore accounts for the resources of its live trials itself and pins each actor
+with ``workers=[address]``.
+
+Why our own RPC: calls go straight to the actor's worker (``actor_execute``, about
+1 ms) with timeouts we choose; Dask's ``Actor`` proxy instead waits on the actor's
+task when a worker vanishes, which can wait forever for a pinned task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from dasktune import _dask_config
+from dasktune.actor import TrialActor
+from dasktune.resources import GPUAllocator, format_resources, worker_capacity, worker_devices
+
+if TYPE_CHECKING:
+    from distributed import Client, Future
+
+    from dasktune.session import TrialSpec
+
+logger = logging.getLogger(__name__)
+
+STARTED = "started"
+REPORTS = "reports"
+FINISHED = "finished"
+LOST = "lost"
+START_FAILED = "start_failed"
+
+
+@dataclass
+class ExecEvent:
+    """Something that happened to one attempt of one trial."""
+
+    kind: str
+    trial_id: str
+    attempt: int
+    reports: list[tuple[int, dict[str, Any] | None, str | None]] = field(default_factory=list)
+    error: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Run:
+    spec: TrialSpec
+    worker: str
+    resources: dict[str, float]
+    key: str
+    future: Future | None = None
+    task: asyncio.Future[Any] | None = None
+    started: bool = False
+
+
+class DaskExecutor:
+    """Runs trial attempts as Dask actors on the workers of ``client``'s cluster."""
+
+    def __init__(self, client: Client):
+        self.client = client
+        self._loop: asyncio.AbstractEventLoop = client.loop.asyncio_loop  # type: ignore[attr-defined]
+        self._events: queue.SimpleQueue[ExecEvent] = queue.SimpleQueue()
+        self._runs: dict[str, _Run] = {}
+        self._used: dict[str, dict[str, float]] = {}
+        self._gpus: dict[str, GPUAllocator] = {}
+        self._workers: dict[str, dict[str, Any]] = {}
+        self._workers_at = 0.0
+        self._poll_wait = _dask_config.get_seconds("executor.poll-wait")
+        self._start_timeout = _dask_config.get_seconds("executor.actor-start-timeout")
+        self._direct = bool(_dask_config.get("executor.direct-to-workers"))
+        self._closed = False
+        self._pending_stop: dict[str, bool] = {}
+
+    # ------------------------------------------------------------ workers
+    def workers(self, refresh: bool = False) -> dict[str, dict[str, Any]]:
+        """Live workers and their info (refreshed at most every 0.5 s)."""
+        now = time.monotonic()
+        if refresh or now - self._workers_at > 0.5:
+            try:
+                info = self.client.scheduler_info(n_workers=-1)
+            except TypeError:  # older distributed without n_workers
+                info = self.client.scheduler_info()
+            self._workers = dict(info.get("workers", {}))
+            self._workers_at = now
+        return self._workers
+
+    def capacities(self) -> dict[str, dict[str, float]]:
+        return {addr: worker_capacity(w) for addr, w in self.workers().items()}
+
+    def free(self, addr: str) -> dict[str, float]:
+        cap = worker_capacity(self.workers()[addr])
+        used = self._used.get(addr, {})
+        return {k: v - used.get(k, 0.0) for k, v in cap.items()}
+
+    def can_ever_fit(self, resources: dict[str, float]) -> str | None:
+        """None if some worker could hold ``resources`` when idle, else why not."""
+        caps = self.capacities()
+        if not caps:
+            return None  # no workers yet: an elastic cluster may add some
+        for cap in caps.values():
+            if all(cap.get(k, 0.0) >= v for k, v in resources.items() if v > 0):
+                return None
+        offers = "; ".join(f"{addr}: {format_resources(c)}" for addr, c in sorted(caps.items()))
+        missing = sorted({k for k, v in resources.items() if v > 0
+                          and all(c.get(k, 0.0) < v for c in caps.values())})
+        return (f"no worker offers {format_resources(resources)} "
+                f"(short of {', '.join(missing)}); workers offer: {offers}")
+
+    def place(self, resources: dict[str, float]) -> str | None:
+        """The worker with the most free CPU that fits ``resources`` now, or None."""
+        best, best_cpu = None, -1.0
+        for addr in sorted(self.workers()):
+            free = self.free(addr)
+            if all(free.get(k, 0.0) >= v - 1e-9 for k, v in resources.items() if v > 0):
+                gpus = resources.get("GPU", 0.0)
+                if gpus:
+                    alloc = self._gpu_alloc(addr)
+                    if alloc.allocate("__probe__", gpus, self._devices(addr)) is None:
+                        continue
+                    alloc.release("__probe__")
+                cpu = free.get("CPU", 0.0) - resources.get("CPU", 0.0)
+                if cpu > best_cpu:
+                    best, best_cpu = addr, cpu
+        return best
+
+    def _gpu_alloc(self, addr: str) -> GPUAllocator:
+        return self._gpus.setdefault(addr, GPUAllocator())
+
+    def _devices(self, addr: str) -> list[str]:
+        info = self.workers().get(addr, {})
+        return worker_devices(worker_capacity(info).get("GPU", 0.0))
+
+    @property
+    def num_running(self) -> int:
+        return len(self._runs)
+
+    def running_on(self, addr: str) -> list[str]:
+        return [tid for tid, run in self._runs.items() if run.worker == addr]
+
+    # ------------------------------------------------------------ control
+    def start(self, spec: TrialSpec, resources: dict[str, float], worker: str,
+              params: dict[str, Any] | None = None) -> None:
+        """Start an attempt of ``spec`` on ``worker`` (chosen by :meth:`place`)."""
+        if spec.trial_id in self._runs:
+            raise RuntimeError(f"trial {spec.trial_id} is already running")
+        used = self._used.setdefault(worker, {})
+        for k, v in resources.items():
+            used[k] = used.get(k, 0.0) + v
+        gpus = resources.get("GPU", 0.0)
+        if gpus:
+            spec.gpu_ids = self._gpu_alloc(worker).allocate(spec.trial_id, gpus,
+                                                            self._devices(worker)) or []
+        run = _Run(spec=spec, worker=worker, resources=dict(resources),
+                   key=f"dasktune-{spec.trial_id}-{spec.attempt}")
+        self._runs[spec.trial_id] = run
+        run.task = asyncio.run_coroutine_threadsafe(self._drive(run, params or {}), self._loop)
+
+    def stop(self, trial_id: str, checkpoint: bool = False) -> None:
+        """Ask an attempt to end (after its next checkpoint if ``checkpoint``)."""
+        run = self._runs.get(trial_id)
+        if run is None:
+            return
+        if not run.started:
+            self._pending_stop[trial_id] = checkpoint  # applied once the actor starts
+            return
+        asyncio.run_coroutine_threadsafe(self._call_quiet(run, "stop", checkpoint), self._loop)
+
+    def release(self, trial_id: str) -> None:
+        """Forget an attempt (after its FINISHED/LOST/START_FAILED event): free its
+        resources and let Dask drop the actor."""
+        run = self._runs.pop(trial_id, None)
+        if run is None:
+            return
+        used = self._used.get(run.worker, {})
+        for k, v in run.resources.items():
+            used[k] = used.get(k, 0.0) - v
+        if run.worker in self._gpus:
+            self._gpus[run.worker].release(trial_id)
+        if run.task is not None and not run.task.done():
+            run.task.cancel()
+        future = run.future
+        run.future = None
+        if future is not None:
+            self._loop.call_soon_threadsafe(future.release)
+
+    def lose_worker(self, addr: str) -> list[str]:
+        """Mark every attempt on ``addr`` lost (told by the scheduler plugin)."""
+        lost = self.running_on(addr)
+        for tid in lost:
+            run = self._runs[tid]
+            self._events.put(ExecEvent(LOST, tid, run.spec.attempt,
+                                       error=f"worker {addr} was lost"))
+            if run.task is not None:
+                run.task.cancel()
+        self._workers_at = 0.0
+        return lost
+
+    def events(self, timeout: float) -> list[ExecEvent]:
+        """Every event so far, waiting up to ``timeout`` s for the first."""
+        out: list[ExecEvent] = []
+        try:
+            out.append(self._events.get(timeout=timeout))
+        except queue.Empty:
+            return out
+        while True:
+            try:
+                out.append(self._events.get_nowait())
+            except queue.Empty:
+                return out
+
+    def shutdown(self) -> None:
+        """Stop every attempt and drop its actor."""
+        self._closed = True
+        for tid in list(self._runs):
+            run = self._runs[tid]
+            if run.started:
+                try:
+                    asyncio.run_coroutine_threadsafe(
+                        self._call_quiet(run, "stop", False), self._loop).result(2)
+                except Exception:  # noqa: BLE001 - best effort on the way out
+                    pass
+            self.release(tid)
+
+    # ------------------------------------------------------------ async side
+    async def _call(self, run: _Run, method: str, *args: Any, timeout: float = 30.0) -> Any:
+        from distributed.actor import ProxyRPC
+        from distributed.protocol import to_serialize
+
+        if self._direct:
+            rpc = self.client.rpc(run.worker)
+        else:
+            rpc = ProxyRPC(self.client.scheduler, run.worker)
+        resp = await asyncio.wait_for(
+            rpc.actor_execute(actor=run.key, function=method,
+                              args=[to_serialize(a) for a in args], kwargs={}),
+            timeout,
+        )
+        if resp["status"] == "OK":
+            return resp["result"]
+        raise resp["exception"]
+
+    async def _call_quiet(self, run: _Run, method: str, *args: Any) -> None:
+        try:
+            await self._call(run, method, *args, timeout=10.0)
+        except Exception as exc:  # noqa: BLE001 - the poll loop reports a dead actor
+            logger.debug("%s(%s) on %s failed: %r", method, run.spec.trial_id, run.worker, exc)
+
+    async def _drive(self, run: _Run, params: dict[str, Any]) -> None:
+        spec = run.spec
+        tid, attempt = spec.trial_id, spec.attempt
+        try:
+            run.future = self.client.submit(
+                TrialActor, spec, params, actor=True, workers=[run.worker],
+                allow_other_workers=False, key=run.key, pure=False,
+            )
+            try:
+                await asyncio.wait_for(run.future, self._start_timeout)
+            except asyncio.TimeoutError:
+                self._events.put(ExecEvent(LOST, tid, attempt, error=(
+                    f"actor for trial {tid} was not created on {run.worker} within "
+                    f"{self._start_timeout:.0f}s")))
+                return
+            except Exception as exc:  # noqa: BLE001 - creation failed on the worker
+                if run.worker not in self.workers(refresh=True):
+                    self._events.put(ExecEvent(LOST, tid, attempt, error=repr(exc)))
+                else:
+                    self._events.put(ExecEvent(START_FAILED, tid, attempt,
+                                               error=_format_remote_error(exc)))
+                return
+            info = await self._call(run, "start")
+            run.started = True
+            self._events.put(ExecEvent(STARTED, tid, attempt, info=info))
+            if tid in self._pending_stop:
+                await self._call_quiet(run, "stop", self._pending_stop.pop(tid))
+            ack = 0
+            while True:
+                reply = await self._call(run, "poll", ack, self._poll_wait,
+                                         timeout=self._poll_wait + 30.0)
+                reports = reply["reports"]
+                if reports:
+                    ack = reports[-1][0]
+                if reports or reply["finished"]:
+                    kind = FINISHED if reply["finished"] else REPORTS
+                    self._events.put(ExecEvent(kind, tid, attempt, reports=reports,
+                                               error=reply["error"]))
+                if reply["finished"]:
+                    await self._call_quiet(run, "poll", ack, 0)  # let it drop the last batch
+                    return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - comm errors: the worker (or actor) is gone
+            if not self._closed:
+                self._events.put(ExecEvent(LOST, tid, attempt,
+                                           error=f"lost contact with {run.worker}: {exc!r}"))
+
+
+def _format_remote_error(exc: BaseException) -> str:
+    import traceback
+
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+

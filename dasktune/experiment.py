@@ -1,0 +1,247 @@
+"""The experiment's saved state: written atomically while it runs, read back by restore.
+
+Three files at the experiment root:
+
+- ``experiment_state.json``: the trials (plain JSON, :meth:`Trial.to_state`) and a
+  summary; replaced atomically, so a driver killed while writing leaves the previous
+  one intact. Tools (``dasktune ls``, the dashboard) read only this.
+- ``searcher-state.pkl``: the search algorithm's and scheduler's ``get_state()``.
+- ``tuner.pkl``: the param space and configs, written once (no trainable: restore is
+  given it again, as in Ray).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import cloudpickle
+
+from dasktune.results import ResultGrid, read_result_json
+from dasktune.storage import SEARCHER_STATE_FILE, STATE_FILE, TUNER_FILE, ExperimentStorage
+from dasktune.trial import ERROR, PAUSED, PENDING, RUNNING, TERMINATED, Trial
+
+if TYPE_CHECKING:
+    from dasktune.config import RunConfig, TuneConfig
+    from dasktune.controller import TuneController
+    from dasktune.schedulers import TrialScheduler
+    from dasktune.search import SearchAlgorithm
+
+STATE_VERSION = 1
+
+
+class StateWriter:
+    """Writes the experiment state; called by the controller (rate-limited there)."""
+
+    def __init__(self, storage: ExperimentStorage, *, name: str, uid: str, trainable_name: str,
+                 tune_config: TuneConfig, run_config: RunConfig, param_space: dict[str, Any]):
+        self.storage = storage
+        self.name = name
+        self.uid = uid
+        self.trainable_name = trainable_name
+        self.tune_config = tune_config
+        self.run_config = run_config
+        self.param_space = param_space
+        self.start_time = time.time()
+
+    def write_static(self) -> None:
+        """``tuner.pkl``: what restore needs besides the trainable."""
+        rc = self.run_config
+        # The filesystem object may hold credentials: restore is given it again.
+        run_config = _replace(rc, storage_filesystem=None, callbacks=[
+            cb for cb in (rc.callbacks or []) if _picklable(cb)])
+        data = cloudpickle.dumps({
+            "param_space": self.param_space,
+            "tune_config": self.tune_config,
+            "run_config": run_config,
+            "uid": self.uid,
+            "trainable_name": self.trainable_name,
+        })
+        self.storage.write_bytes(self.storage.path(TUNER_FILE), data)
+
+    def __call__(self, controller: TuneController) -> None:
+        tc = self.tune_config
+        trials = controller.trials
+        counts: dict[str, int] = {}
+        for t in trials:
+            counts[t.status] = counts.get(t.status, 0) + 1
+        state = {
+            "version": STATE_VERSION,
+            "name": self.name,
+            "uid": self.uid,
+            "trainable_name": self.trainable_name,
+            "storage": self.storage.uri,
+            "metric": tc.metric,
+            "mode": tc.mode,
+            "searcher": type(controller.search_alg).__name__,
+            "scheduler": type(controller.scheduler).__name__,
+            "start_time": self.start_time,
+            "timestamp": time.time(),
+            "finished": controller.search_alg.is_finished() and all(t.is_finished for t in trials),
+            "trial_counts": counts,
+            "trials": [t.to_state() for t in trials],
+        }
+        searcher_state = cloudpickle.dumps({
+            "search_alg": controller.search_alg.get_state(),
+            "scheduler": controller.scheduler.get_state()
+            if hasattr(controller.scheduler, "get_state") else None,
+        })
+        # Searcher first: a state file never points at a searcher state older than itself.
+        self.storage.write_bytes(self.storage.path(SEARCHER_STATE_FILE), searcher_state)
+        self.storage.write_json(self.storage.path(STATE_FILE), state)
+
+
+def _replace(rc: RunConfig, **changes: Any) -> RunConfig:
+    import copy
+
+    new = copy.copy(rc)
+    for k, v in changes.items():
+        setattr(new, k, v)
+    return new
+
+
+def _picklable(obj: Any) -> bool:
+    try:
+        cloudpickle.dumps(obj)
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+@dataclass
+class RestoredExperiment:
+    """An experiment read back from storage, ready to continue or inspect."""
+
+    storage: ExperimentStorage
+    state: dict[str, Any]
+    trials: list[Trial]
+    param_space: dict[str, Any]
+    tune_config: TuneConfig
+    run_config: RunConfig
+    search_alg: SearchAlgorithm
+    scheduler: TrialScheduler
+    uid: str
+
+    def result_grid(self) -> ResultGrid:
+        cc = self.run_config.checkpoint_config
+        return ResultGrid(self.trials, self.storage, metric=self.tune_config.metric,
+                          mode=self.tune_config.mode,
+                          score_attr=cc.checkpoint_score_attribute if cc else None,
+                          score_order=cc.checkpoint_score_order if cc else "max")
+
+
+def _open(path: str, storage_filesystem: Any, storage_options: dict[str, Any] | None = None
+          ) -> ExperimentStorage:
+    if "://" not in path and storage_filesystem is None:
+        import os
+
+        path = os.path.abspath(os.path.expanduser(path))
+    return ExperimentStorage.from_experiment_path(path, filesystem=storage_filesystem,
+                                                  storage_options=storage_options)
+
+
+def can_restore(path: str, storage_filesystem: Any = None) -> bool:
+    try:
+        storage = _open(path, storage_filesystem)
+        return storage.exists(storage.path(STATE_FILE)) and storage.exists(
+            storage.path(TUNER_FILE))
+    except Exception:  # noqa: BLE001 - unreachable or malformed: not restorable
+        return False
+
+
+def read_state(storage: ExperimentStorage) -> dict[str, Any]:
+    return storage.read_json(storage.path(STATE_FILE))
+
+
+def load(path: str, *, storage_filesystem: Any = None, resume_unfinished: bool = True,
+         resume_errored: bool = False, restart_errored: bool = False) -> RestoredExperiment:
+    """Read an experiment and decide what each trial does next (Ray's restore rules)."""
+    from dasktune.tuner_build import make_scheduler, make_search_alg
+
+    storage = _open(path, storage_filesystem)
+    if not can_restore(path, storage_filesystem):
+        raise ValueError(f"no restorable experiment at {storage.uri!r} "
+                         f"(expected {STATE_FILE} and {TUNER_FILE} there)")
+    static = cloudpickle.loads(storage.read_bytes(storage.path(TUNER_FILE)))
+    state = read_state(storage)
+    tune_config: TuneConfig = static["tune_config"]
+    run_config: RunConfig = static["run_config"]
+    if storage_filesystem is not None:
+        run_config.storage_filesystem = storage_filesystem
+    # Storage is where the experiment is now (it may have been moved or copied).
+    run_config.name = storage.name
+    uid = static["uid"]
+    search_alg = make_search_alg(tune_config, static["param_space"], uid)
+    scheduler = make_scheduler(tune_config)
+    try:
+        saved = cloudpickle.loads(storage.read_bytes(storage.path(SEARCHER_STATE_FILE)))
+    except FileNotFoundError:
+        saved = {}
+    if saved.get("search_alg") is not None:
+        search_alg.set_state(saved["search_alg"])
+    if saved.get("scheduler") is not None and hasattr(scheduler, "set_state"):
+        scheduler.set_state(saved["scheduler"])
+    trials = [Trial.from_state(t) for t in state["trials"]]
+    for trial in trials:
+        _decide(trial, storage, resume_unfinished, resume_errored, restart_errored)
+    return RestoredExperiment(storage=storage, state=state, trials=trials,
+                              param_space=static["param_space"], tune_config=tune_config,
+                              run_config=run_config, search_alg=search_alg,
+                              scheduler=scheduler, uid=uid)
+
+
+def _catch_up(trial: Trial, storage: ExperimentStorage) -> None:
+    """Bring a trial's record up to what storage holds (the state file may lag a few
+    seconds behind the result files and checkpoints of a killed driver)."""
+    if not trial.path:
+        return
+    results = read_result_json(storage.fs, trial.path)
+    if results:
+        last = results[-1]
+        it = int(last.get("training_iteration", 0))
+        if it > trial.logged_iteration:
+            for r in results:
+                if int(r.get("training_iteration", 0)) > trial.logged_iteration:
+                    trial.update_last_result(r)
+            trial.logged_iteration = it
+    newest = storage.latest_committed_checkpoint(trial.path)
+    if newest and newest != trial.checkpoint:
+        manifest = storage.read_manifest(newest) or {}
+        it = int(manifest.get("training_iteration", 0))
+        if it >= trial.checkpoint_iteration:
+            trial.checkpoints.append({"path": newest, "iteration": it,
+                                      "time_total_s": manifest.get("time_total_s", 0.0),
+                                      "metrics": {}})
+            trial.checkpoint = newest
+            trial.checkpoint_iteration = it
+    elif trial.checkpoint and not storage.is_committed(trial.checkpoint):
+        # The recorded checkpoint is gone or broken: fall back to the newest valid one.
+        trial.checkpoint = newest
+
+
+def _decide(trial: Trial, storage: ExperimentStorage, resume_unfinished: bool,
+            resume_errored: bool, restart_errored: bool) -> None:
+    trial.attempt = max(trial.attempt, len(trial.placements))
+    if trial.status == TERMINATED:
+        return
+    if trial.status == ERROR:
+        if restart_errored:
+            trial.status = PENDING
+            trial.checkpoint = None
+            trial.checkpoint_iteration = 0
+            trial.logged_iteration = 0
+            trial.num_failures = 0
+            trial.error_msg = None
+        elif resume_errored:
+            _catch_up(trial, storage)
+            trial.status = PENDING
+            trial.num_failures = 0
+            trial.error_msg = None
+        return
+    if trial.status in (PENDING, RUNNING, PAUSED):
+        if resume_unfinished:
+            _catch_up(trial, storage)
+            trial.status = PAUSED if trial.status == PAUSED else PENDING
+        else:
+            trial.status = TERMINATED

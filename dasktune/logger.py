@@ -1,0 +1,293 @@
+"""Per-trial result files as Ray Tune writes them: ``result.json``, ``progress.csv``,
+``params.json``/``params.pkl`` and TensorBoard ``events.out.tfevents.*``.
+
+Loggers are callbacks in the driver: every result passes through them in report
+order, and they write through the experiment's fsspec storage (appending in place
+on local and shared filesystems, re-uploading whole objects on object stores).
+Writes are flushed once per batch of results, not per result.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import numbers
+import pickle
+import socket
+import struct
+import time
+from typing import TYPE_CHECKING, Any
+
+from dasktune.callback import Callback
+from dasktune.storage import AppendFile, _json_default
+
+if TYPE_CHECKING:
+    from dasktune.storage import ExperimentStorage
+    from dasktune.trial import Trial
+
+EXPR_PARAM_FILE = "params.json"
+EXPR_PARAM_PICKLE_FILE = "params.pkl"
+EXPR_RESULT_FILE = "result.json"
+EXPR_PROGRESS_FILE = "progress.csv"
+EXPR_ERROR_FILE = "error.txt"
+
+
+class LoggerCallback(Callback):
+    """Base for loggers: override ``log_trial_start``, ``log_trial_result``, ``log_trial_end``.
+
+    ``self.storage`` (the experiment's :class:`~dasktune.storage.ExperimentStorage`) is set
+    before the first trial starts; ``trial.path`` is each trial's folder in it.
+    """
+
+    storage: ExperimentStorage | None = None
+
+    def setup(self, *args: Any, storage: ExperimentStorage | None = None, **info: Any) -> None:
+        self.storage = storage
+
+    def log_trial_start(self, trial: Trial) -> None:
+        """A trial started (or restarted)."""
+
+    def log_trial_restore(self, trial: Trial) -> None:
+        """A trial restarted from a checkpoint."""
+
+    def log_trial_save(self, trial: Trial) -> None:
+        """A trial committed a checkpoint."""
+
+    def log_trial_result(self, iteration: int, trial: Trial, result: dict[str, Any]) -> None:
+        """One result of a trial."""
+
+    def log_trial_end(self, trial: Trial, failed: bool = False) -> None:
+        """A trial ended."""
+
+    def flush(self) -> None:
+        """Make what was logged so far durable (called once per batch of results)."""
+
+    # Callback hooks -> logger hooks
+    def on_trial_start(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        self.log_trial_start(trial)
+
+    def on_trial_restore(self, iteration: int, trials: list[Trial], trial: Trial,
+                         **info: Any) -> None:
+        self.log_trial_restore(trial)
+
+    def on_trial_save(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        self.log_trial_save(trial)
+
+    def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial,
+                        result: dict[str, Any], **info: Any) -> None:
+        self.log_trial_result(iteration, trial, result)
+
+    def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial,
+                          **info: Any) -> None:
+        self.log_trial_end(trial, failed=False)
+
+    def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        self.log_trial_end(trial, failed=True)
+
+    def on_step_end(self, iteration: int, trials: list[Trial], **info: Any) -> None:
+        self.flush()
+
+    def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
+        self.flush()
+
+
+class _PerTrialFiles(LoggerCallback):
+    """Keeps one open :class:`AppendFile` per live trial."""
+
+    filename = ""
+
+    def __init__(self) -> None:
+        self._files: dict[str, AppendFile] = {}
+
+    def _file(self, trial: Trial) -> AppendFile:
+        fh = self._files.get(trial.trial_id)
+        if fh is None:
+            assert self.storage is not None and trial.path
+            fh = self.storage.open_append(f"{trial.path}/{self.filename}")
+            self._files[trial.trial_id] = fh
+        return fh
+
+    def flush(self) -> None:
+        for fh in self._files.values():
+            fh.flush()
+
+    def log_trial_end(self, trial: Trial, failed: bool = False) -> None:
+        fh = self._files.pop(trial.trial_id, None)
+        if fh is not None:
+            fh.close()
+
+    def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
+        for fh in self._files.values():
+            fh.close()
+        self._files.clear()
+
+
+class JsonLoggerCallback(_PerTrialFiles):
+    """``result.json`` (one JSON object per line) plus ``params.json`` / ``params.pkl``."""
+
+    filename = EXPR_RESULT_FILE
+
+    def log_trial_start(self, trial: Trial) -> None:
+        assert self.storage is not None and trial.path
+        self.storage.write_bytes(f"{trial.path}/{EXPR_PARAM_FILE}",
+                                 json.dumps(trial.config, indent=2, sort_keys=True,
+                                            default=_json_default).encode())
+        try:
+            data = pickle.dumps(trial.config)
+        except Exception:  # noqa: BLE001 - a config with unpicklable values keeps params.json
+            data = None
+        if data is not None:
+            self.storage.write_bytes(f"{trial.path}/{EXPR_PARAM_PICKLE_FILE}", data)
+
+    def log_trial_result(self, iteration: int, trial: Trial, result: dict[str, Any]) -> None:
+        line = json.dumps(result, default=_json_default, allow_nan=True)
+        self._file(trial).write(line.encode() + b"\n")
+
+
+def flatten_dict(d: dict[str, Any], prefix: str = "", delimiter: str = "/") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in d.items():
+        name = f"{prefix}{delimiter}{key}" if prefix else str(key)
+        if isinstance(value, dict):
+            out.update(flatten_dict(value, name, delimiter))
+        else:
+            out[name] = value
+    return out
+
+
+class CSVLoggerCallback(_PerTrialFiles):
+    """``progress.csv``: flattened results, columns fixed by the first result (as Ray)."""
+
+    filename = EXPR_PROGRESS_FILE
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._fields: dict[str, list[str]] = {}
+
+    def _fields_for(self, trial: Trial, flat: dict[str, Any]) -> tuple[list[str], bool]:
+        fields = self._fields.get(trial.trial_id)
+        if fields is not None:
+            return fields, False
+        fh = self._file(trial)
+        if fh.tell() > 0:  # continuing a restored trial's file: keep its header
+            assert self.storage is not None
+            try:
+                head = self.storage.fs.cat_file(f"{trial.path}/{self.filename}", start=0,
+                                                end=65536)
+                fields = next(csv.reader(io.StringIO(head.decode()))) or list(flat)
+                self._fields[trial.trial_id] = fields
+                return fields, False
+            except Exception:  # noqa: BLE001 - unreadable: start a fresh header
+                pass
+        fields = list(flat)
+        self._fields[trial.trial_id] = fields
+        return fields, True
+
+    def log_trial_result(self, iteration: int, trial: Trial, result: dict[str, Any]) -> None:
+        flat = flatten_dict({k: v for k, v in result.items() if k != "config"})
+        fields, header = self._fields_for(trial, flat)
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore")
+        if header:
+            writer.writeheader()
+        writer.writerow({k: flat.get(k, "") for k in fields})
+        self._file(trial).write(buf.getvalue().encode())
+
+    def log_trial_end(self, trial: Trial, failed: bool = False) -> None:
+        super().log_trial_end(trial, failed)
+        self._fields.pop(trial.trial_id, None)
+
+
+def _tf_record(data: bytes) -> bytes:
+    from tensorboardX.record_writer import masked_crc32c
+
+    header = struct.pack("Q", len(data))
+    return (header + struct.pack("I", masked_crc32c(header)) + data
+            + struct.pack("I", masked_crc32c(data)))
+
+
+class TBXLoggerCallback(_PerTrialFiles):
+    """TensorBoard event files: a scalar for every numeric metric at its
+    ``training_iteration`` (under ``ray/tune/`` as Ray names them), and the trial's
+    hyperparameters for the HParams tab when the trial ends."""
+
+    filename = ""
+    _SKIP = frozenset({"training_iteration", "timestamp", "pid", "done", "node_ip", "trial_id",
+                       "experiment_tag", "date", "hostname", "worker", "config"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._names: dict[str, str] = {}
+        self._last: dict[str, dict[str, float]] = {}
+
+    def _file(self, trial: Trial) -> AppendFile:
+        fh = self._files.get(trial.trial_id)
+        if fh is None:
+            from tensorboardX.proto.event_pb2 import Event
+
+            assert self.storage is not None and trial.path
+            name = self._names.setdefault(
+                trial.trial_id,
+                f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{trial.attempt}",
+            )
+            fh = self.storage.open_append(f"{trial.path}/{name}")
+            if fh.tell() == 0:
+                fh.write(_tf_record(Event(wall_time=time.time(),
+                                          file_version="brain.Event:2").SerializeToString()))
+            self._files[trial.trial_id] = fh
+        return fh
+
+    def log_trial_result(self, iteration: int, trial: Trial, result: dict[str, Any]) -> None:
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.proto.summary_pb2 import Summary
+
+        step = int(result.get("training_iteration", iteration))
+        flat = flatten_dict({k: v for k, v in result.items() if k not in self._SKIP})
+        values = []
+        for key, value in flat.items():
+            if isinstance(value, bool) or not isinstance(value, numbers.Number):
+                continue
+            value = float(value)
+            if math.isnan(value) or math.isinf(value):
+                continue
+            values.append(Summary.Value(tag=f"ray/tune/{key}", simple_value=value))
+        if not values:
+            return
+        self._last[trial.trial_id] = {v.tag: v.simple_value for v in values}
+        event = Event(wall_time=time.time(), step=step, summary=Summary(value=values))
+        self._file(trial).write(_tf_record(event.SerializeToString()))
+
+    def log_trial_end(self, trial: Trial, failed: bool = False) -> None:
+        try:
+            self._write_hparams(trial)
+        finally:
+            super().log_trial_end(trial, failed)
+            self._last.pop(trial.trial_id, None)
+
+    def _write_hparams(self, trial: Trial) -> None:
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.summary import hparams
+
+        metrics = self._last.get(trial.trial_id)
+        if not metrics:
+            return
+        hp = {}
+        for key, value in flatten_dict(trial.evaluated_params or trial.config).items():
+            if isinstance(value, (bool, str)) or isinstance(value, numbers.Number):
+                hp[key] = value
+            else:
+                hp[key] = str(value)
+        fh = self._file(trial)
+        for summary in hparams(hp, metrics):
+            event = Event(wall_time=time.time(), step=0, summary=summary)
+            fh.write(_tf_record(event.SerializeToString()))
+
+
+DEFAULT_LOGGERS = (JsonLoggerCallback, CSVLoggerCallback, TBXLoggerCallback)
+
+__all__ = [
+    "LoggerCallback", "JsonLoggerCallback", "CSVLoggerCallback", "TBXLoggerCallback",
+    "DEFAULT_LOGGERS", "flatten_dict",
+]

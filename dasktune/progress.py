@@ -1,0 +1,119 @@
+"""The console progress table: compact, rate-limited, readable with hundreds of trials.
+
+One line per trial at most, sorted by the metric (best first), capped with a
+"+N more" line; a summary line with trial counts and the best so far. Plain text
+(no control characters) when stdout is not a terminal, so logs and pipes stay clean.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections import Counter
+from typing import IO, TYPE_CHECKING, Any
+
+from dasktune import _dask_config
+from dasktune.trial import ERROR, PAUSED, PENDING, RUNNING, TERMINATED
+
+if TYPE_CHECKING:
+    from dasktune.trial import Trial
+
+_ORDER = (RUNNING, PENDING, PAUSED, TERMINATED, ERROR)
+
+
+class ProgressReporter:
+    """Prints the trial table every ``dasktune.controller.report-period`` seconds.
+
+    ``verbose``: 0 silent, 1 summary line only, 2 table, 3 table with configs.
+    """
+
+    def __init__(self, verbose: int = 1, metric: str | None = None, mode: str | None = None,
+                 max_rows: int = 20, out: IO[str] | None = None, period: float | None = None):
+        self.verbose = verbose
+        self.metric = metric
+        self.mode = mode
+        self.max_rows = max_rows
+        self.out = out or sys.stdout
+        self.period = _dask_config.get_seconds("controller.report-period") if period is None \
+            else period
+        self._last = 0.0
+        self._start = time.monotonic()
+
+    def maybe_report(self, trials: list[Trial], status: str = "") -> None:
+        now = time.monotonic()
+        if self.verbose == 0 or now - self._last < self.period:
+            return
+        self._last = now
+        self.out.write(self.render(trials, status) + "\n")
+        self.out.flush()
+
+    def final(self, trials: list[Trial]) -> None:
+        if self.verbose == 0:
+            return
+        self.out.write(self.render(trials, "finished") + "\n")
+        self.out.flush()
+
+    # ------------------------------------------------------------ rendering
+    def _value(self, trial: Trial) -> float | None:
+        if not self.metric:
+            return None
+        v = trial.last_result.get(self.metric)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v):
+            return float(v)
+        return None
+
+    def _best(self, trials: list[Trial]) -> Trial | None:
+        scored = [t for t in trials if self._value(t) is not None]
+        if not scored or self.mode not in ("min", "max"):
+            return None
+        key = self._value
+        return min(scored, key=key) if self.mode == "min" else max(scored, key=key)  # type: ignore[arg-type,return-value]
+
+    def render(self, trials: list[Trial], status: str = "") -> str:
+        counts = Counter(t.status for t in trials)
+        elapsed = time.monotonic() - self._start
+        parts = [f"{counts[s]} {s}" for s in _ORDER if counts[s]]
+        head = f"== dasktune: {len(trials)} trials ({', '.join(parts) or 'none yet'}) " \
+               f"| {elapsed:.0f}s elapsed"
+        best = self._best(trials)
+        if best is not None:
+            head += f" | best {self.metric}={self._value(best):.6g} ({best.trial_id})"
+        if status:
+            head += f" | {status}"
+        if self.verbose < 2:
+            return head
+        rows = sorted(trials, key=self._sort_key)
+        lines = [head]
+        shown = rows[: self.max_rows]
+        cols = ["trial", "status", "iter", self.metric or "", "worker"]
+        if self.verbose >= 3:
+            cols.append("config")
+        table = [cols]
+        for t in shown:
+            v = self._value(t)
+            row = [("* " if t is best else "  ") + t.trial_id, t.status,
+                   str(t.last_result.get("training_iteration", "")),
+                   "" if v is None else f"{v:.6g}",
+                   t.placements[-1].host if t.placements else ""]
+            if self.verbose >= 3:
+                row.append(_short_config(t.config))
+            table.append(row)
+        widths = [max(len(r[i]) for r in table) for i in range(len(cols))]
+        for r in table:
+            lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        if len(rows) > len(shown):
+            lines.append(f"  +{len(rows) - len(shown)} more")
+        return "\n".join(lines)
+
+    def _sort_key(self, t: Trial) -> tuple[Any, ...]:
+        v = self._value(t)
+        if v is None:
+            return (1, _ORDER.index(t.status), t.trial_id)
+        return (0, v if self.mode != "max" else -v, t.trial_id)
+
+
+def _short_config(config: dict[str, Any], limit: int = 60) -> str:
+    text = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                     for k, v in config.items() if not isinstance(v, dict))
+    return text if len(text) <= limit else text[: limit - 3] + "..."

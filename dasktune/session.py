@@ -1,0 +1,287 @@
+"""``tune.report``, ``tune.get_checkpoint``, ``tune.get_context`` inside a running trial.
+
+Each running trial has one :class:`TrialSession`, bound to the thread that runs the
+user's code. A report fills Ray's auto fields, commits its checkpoint to storage
+(``report`` returns only once it is committed), applies the ``stop`` dict locally so
+a trial stops exactly where the criterion says, and hands the result to the trial
+actor's buffer, which the driver drains in batches.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from dasktune.checkpoint import Checkpoint
+
+if TYPE_CHECKING:
+    from dasktune.storage import ExperimentStorage
+
+_local = threading.local()
+_sessions: dict[int, TrialSession] = {}
+_sessions_lock = threading.Lock()
+
+
+class StopTrial(BaseException):
+    """Raised inside ``tune.report`` to end a trial the driver (or its stop dict) stopped.
+
+    A ``BaseException`` so that a user's ``except Exception`` does not swallow it.
+    """
+
+
+@dataclass
+class TrialSpec:
+    """Everything a trial attempt needs on its worker; built by the executor, pickled once."""
+
+    trial_id: str
+    trial_name: str
+    experiment_name: str
+    config: dict[str, Any]
+    trainable: Any
+    storage: ExperimentStorage
+    trial_path: str
+    attempt: int = 1
+    resources: dict[str, float] = field(default_factory=dict)
+    gpu_ids: list[str] = field(default_factory=list)
+    restore_path: str | None = None
+    restore_meta: dict[str, Any] = field(default_factory=dict)
+    stop: dict[str, Any] | None = None
+    checkpoint_frequency: int = 0
+    checkpoint_at_end: bool = False
+    next_checkpoint_index: int = 0
+    param_keys: dict[str, str] = field(default_factory=dict)
+    experiment_tag: str = ""
+    max_buffered: int = 10000
+
+
+class TrialSession:
+    """The state of one trial attempt as seen from the user's code."""
+
+    def __init__(self, spec: TrialSpec, emit: Callable[[dict[str, Any], str | None], None],
+                 should_stop: Callable[[], bool], worker_address: str = ""):
+        self.spec = spec
+        self._emit = emit
+        self._should_stop = should_stop
+        meta = spec.restore_meta or {}
+        self.iteration = int(meta.get("training_iteration", 0))
+        self.time_total = float(meta.get("time_total_s", 0.0))
+        self.iterations_since_restore = 0
+        self.time_since_restore = 0.0
+        self.checkpoint_index = spec.next_checkpoint_index
+        self.latest_checkpoint: Checkpoint | None = (
+            Checkpoint(spec.restore_path, spec.storage.fs) if spec.restore_path else None
+        )
+        self._start = time.time()
+        self._last = time.monotonic()
+        self.hostname = socket.gethostname()
+        self.node_ip = _node_ip(worker_address)
+        self.worker_address = worker_address
+        self.pid = os.getpid()
+        self.local_dir: str | None = None
+
+    # ------------------------------------------------------------ results
+    def fill_auto_fields(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        now = time.monotonic()
+        this_iter = now - self._last
+        self._last = now
+        self.iteration += 1
+        self.iterations_since_restore += 1
+        self.time_total += this_iter
+        self.time_since_restore += this_iter
+        result = dict(metrics)
+        wall = time.time()
+        result.setdefault("done", False)
+        result.update(
+            training_iteration=self.iteration,
+            iterations_since_restore=self.iterations_since_restore,
+            time_this_iter_s=result.get("time_this_iter_s", this_iter),
+            time_total_s=self.time_total,
+            time_since_restore=self.time_since_restore,
+            timestamp=int(wall),
+            date=datetime.datetime.fromtimestamp(wall).strftime("%Y-%m-%d_%H-%M-%S"),
+            trial_id=self.spec.trial_id,
+            experiment_tag=self.spec.experiment_tag,
+            pid=self.pid,
+            hostname=self.hostname,
+            node_ip=self.node_ip,
+            worker=self.worker_address,
+            config=self.spec.config,
+        )
+        return result
+
+    def commit_checkpoint(self, checkpoint: Checkpoint, result: dict[str, Any]) -> str:
+        """Upload a checkpoint into the trial's folder and commit it (manifest last)."""
+        spec = self.spec
+        meta = {
+            "trial_id": spec.trial_id,
+            "attempt": spec.attempt,
+            "training_iteration": result.get("training_iteration", self.iteration),
+            "time_total_s": result.get("time_total_s", self.time_total),
+        }
+        with checkpoint.as_directory() as local:
+            path = spec.storage.commit_checkpoint(local, spec.trial_path, self.checkpoint_index,
+                                                  meta)
+        self.checkpoint_index = int(path.rsplit("_", 1)[-1]) + 1
+        self.latest_checkpoint = Checkpoint(path, spec.storage.fs)
+        return path
+
+    def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> None:
+        if not isinstance(metrics, dict):
+            raise TypeError(f"tune.report: metrics must be a dict, got {type(metrics).__name__}")
+        if self._should_stop():
+            raise StopTrial()
+        result = self.fill_auto_fields(metrics)
+        path = None
+        if checkpoint is not None:
+            path = self.commit_checkpoint(checkpoint, result)
+            result["checkpoint_dir_name"] = path.rsplit("/", 1)[-1]
+        hit = stop_dict_hit(self.spec.stop, result)
+        if hit:
+            result["done"] = True
+        self._emit(result, path)
+        if hit or self._should_stop():
+            raise StopTrial()
+
+    def local_trial_dir(self) -> str:
+        """A folder for the user's own files: the trial's folder if storage is local."""
+        if self.spec.storage.is_local:
+            os.makedirs(self.spec.trial_path, exist_ok=True)
+            return self.spec.trial_path
+        if self.local_dir is None:
+            import tempfile
+
+            self.local_dir = tempfile.mkdtemp(prefix=f"dasktune-{self.spec.trial_id}-")
+        return self.local_dir
+
+    def close(self) -> None:
+        if self.local_dir:
+            shutil.rmtree(self.local_dir, ignore_errors=True)
+
+
+def stop_dict_hit(stop: dict[str, Any] | None, result: dict[str, Any]) -> bool:
+    """Ray's dict stopping rule: any key whose reported value reached its bound.
+
+    A key the trial never reports is an error that names it (never a silent run-on).
+    """
+    if not stop:
+        return False
+    for key, bound in stop.items():
+        if key not in result:
+            raise ValueError(
+                f"stop criterion {key!r} is not in the reported result "
+                f"(reported keys: {sorted(k for k in result if k != 'config')})"
+            )
+        if result[key] >= bound:
+            return True
+    return False
+
+
+# ---------------------------------------------------------------------- binding
+def _bind(session: TrialSession | None) -> None:
+    _local.session = session
+    with _sessions_lock:
+        if session is None:
+            _sessions.pop(threading.get_ident(), None)
+        else:
+            _sessions[threading.get_ident()] = session
+
+
+def _current(what: str) -> TrialSession | None:
+    session = getattr(_local, "session", None)
+    if session is not None:
+        return session
+    with _sessions_lock:
+        live = list(_sessions.values())
+    # A thread the user started inside a trial: unambiguous only if one trial runs here.
+    return live[0] if len(live) == 1 else None
+
+
+def report(metrics: dict[str, Any] | None = None, *, checkpoint: Checkpoint | None = None,
+           **kwargs: Any) -> None:
+    """Report metrics (and optionally a checkpoint) from inside a trial.
+
+    With a checkpoint, returns only after it is committed to the experiment's storage,
+    so the trial never runs more than one checkpoint interval ahead of what a
+    restart can resume from.
+    """
+    session = _current("report")
+    if session is None:
+        raise RuntimeError("tune.report() was called outside of a dasktune trial")
+    if metrics is None:
+        metrics = kwargs
+    elif kwargs:
+        metrics = {**metrics, **kwargs}
+    session.report(metrics, checkpoint=checkpoint)
+
+
+def get_checkpoint() -> Checkpoint | None:
+    """The checkpoint to resume from (the newest committed one), or None on a fresh start."""
+    session = _current("get_checkpoint")
+    return session.latest_checkpoint if session is not None else None
+
+
+class TrialContext:
+    """What a trial knows about itself (Ray's ``tune.get_context()``)."""
+
+    def __init__(self, session: TrialSession | None):
+        self._session = session
+
+    def _spec(self) -> TrialSpec:
+        if self._session is None:
+            raise RuntimeError("tune.get_context() is only meaningful inside a dasktune trial")
+        return self._session.spec
+
+    def get_trial_id(self) -> str:
+        return self._spec().trial_id
+
+    def get_trial_name(self) -> str:
+        return self._spec().trial_name
+
+    def get_trial_dir(self) -> str:
+        assert self._session is not None
+        self._spec()
+        return self._session.local_trial_dir()
+
+    def get_trial_resources(self) -> dict[str, Any]:
+        spec = self._spec()
+        return {**spec.resources, "gpu_ids": list(spec.gpu_ids)}
+
+    def get_experiment_name(self) -> str:
+        return self._spec().experiment_name
+
+    def get_storage(self) -> ExperimentStorage:
+        return self._spec().storage
+
+    def get_attempt(self) -> int:
+        return self._spec().attempt
+
+    def get_world_size(self) -> int:
+        return 1
+
+    def get_world_rank(self) -> int:
+        return 0
+
+    def get_local_rank(self) -> int:
+        return 0
+
+
+def get_context() -> TrialContext:
+    """The running trial's context (errors on use outside a trial)."""
+    return TrialContext(_current("get_context"))
+
+
+def _node_ip(worker_address: str) -> str:
+    if "://" in worker_address:
+        host = worker_address.split("://", 1)[1].rsplit(":", 1)[0]
+        return host.strip("[]")
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"

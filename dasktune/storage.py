@@ -1,0 +1,365 @@
+"""The experiment store: one fsspec filesystem, Ray's layout, atomic commits.
+
+Layout under ``<storage_path>/<name>/``::
+
+    experiment_state.json        driver state, replaced atomically
+    searcher-state.pkl           searcher/scheduler state, replaced atomically
+    tuner.pkl                    param space and configs (no trainable)
+    <trial dir>/params.json, params.pkl, result.json, progress.csv, events.out.tfevents.*
+    <trial dir>/checkpoint_000003/...   + .dasktune_checkpoint.json (written last)
+    <trial dir>/error.txt
+
+Commit protocol for checkpoints (holds on object stores, which cannot rename):
+files are uploaded into a directory that never existed before; a manifest listing
+every file and its size is written last; a checkpoint counts only when its
+manifest is present, parses and matches the files. A writer killed midway leaves
+a directory without a manifest, which restore skips.
+
+An :class:`ExperimentStorage` pickles (fsspec filesystems do), so it travels to the
+workers with each trial: workers write checkpoints straight to storage.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import posixpath
+import re
+import shutil
+import tempfile
+import time
+import uuid
+from typing import Any, Callable, TypeVar
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from dasktune import _dask_config
+
+logger = logging.getLogger(__name__)
+
+MANIFEST = ".dasktune_checkpoint.json"
+STATE_FILE = "experiment_state.json"
+SEARCHER_STATE_FILE = "searcher-state.pkl"
+TUNER_FILE = "tuner.pkl"
+_CKPT_RE = re.compile(r"^checkpoint_(\d{6,})$")
+
+T = TypeVar("T")
+
+# Errors that say the request itself is wrong: retrying cannot help.
+_PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
+              FileExistsError, ValueError, TypeError)
+
+
+class StorageError(OSError):
+    """Storage stayed unreachable past the retry budget; the message names the URI."""
+
+
+def retry(fn: Callable[[], T], what: str, retries: int | None = None,
+          backoff: float | None = None) -> T:
+    """Run ``fn``, retrying transient errors (5xx, throttling, resets) with backoff."""
+    retries = int(_dask_config.get("storage.retries")) if retries is None else retries
+    backoff = _dask_config.get_seconds("storage.retry-backoff") if backoff is None else backoff
+    delay = backoff
+    for attempt in range(retries + 1):
+        try:
+            return fn()
+        except _PERMANENT:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any transport error is worth a retry
+            if attempt == retries:
+                raise StorageError(
+                    f"storage unreachable for {what} after {retries + 1} tries: "
+                    f"{type(exc).__name__}: {redact(str(exc))}"
+                ) from exc
+            logger.warning("transient storage error on %s (%s); retrying in %.1fs",
+                           what, type(exc).__name__, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 30.0)
+    raise AssertionError("unreachable")
+
+
+_SECRET_RE = re.compile(r"(?i)(key|secret|token|password|credential|signature)[^=&]*=[^&\s]+")
+
+
+def redact(text: str) -> str:
+    """Strip credentials from a URI or message (``user:pass@`` and ``key=...``)."""
+    text = re.sub(r"//[^/@\s]+@", "//", text)
+    return _SECRET_RE.sub(lambda m: m.group(0).split("=")[0] + "=***", text)
+
+
+def is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    return isinstance(fs, LocalFileSystem)
+
+
+class ExperimentStorage:
+    """Where one experiment's files live, and the only code that writes them."""
+
+    def __init__(self, storage_path: str, name: str,
+                 filesystem: fsspec.AbstractFileSystem | None = None,
+                 storage_options: dict[str, Any] | None = None):
+        if filesystem is not None:
+            fs = filesystem
+            root = fs._strip_protocol(storage_path)
+        else:
+            if "://" not in storage_path:
+                storage_path = os.path.abspath(os.path.expanduser(storage_path))
+            fs, root = fsspec.core.url_to_fs(storage_path, **(storage_options or {}))
+        self.fs: fsspec.AbstractFileSystem = fs
+        self.storage_root = root.rstrip("/") or "/"
+        self.name = name
+        self.experiment_path = posixpath.join(self.storage_root, name)
+        protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
+        self.protocol = protocol
+
+    @classmethod
+    def from_experiment_path(cls, path: str, filesystem: Any = None,
+                             storage_options: dict[str, Any] | None = None) -> ExperimentStorage:
+        """The store of an existing experiment at ``path`` (a folder or URI)."""
+        path = path.rstrip("/")
+        parent, name = path.rsplit("/", 1) if "/" in path else ("", path)
+        if "://" in path and parent.endswith(":/"):
+            parent += "/"
+        return cls(parent or ".", name, filesystem=filesystem, storage_options=storage_options)
+
+    # ---------------------------------------------------------------- naming
+    @property
+    def uri(self) -> str:
+        """The experiment's location as a user would write it (no credentials)."""
+        if self.is_local:
+            return self.experiment_path
+        return redact(f"{self.protocol}://{self.experiment_path}")
+
+    @property
+    def is_local(self) -> bool:
+        return is_local(self.fs)
+
+    def path(self, *parts: str) -> str:
+        return posixpath.join(self.experiment_path, *parts)
+
+    def trial_path(self, dirname: str) -> str:
+        return self.path(dirname)
+
+    # ---------------------------------------------------------------- basics
+    def makedirs(self, path: str) -> None:
+        retry(lambda: self.fs.makedirs(path, exist_ok=True), path)
+
+    def exists(self, path: str) -> bool:
+        return retry(lambda: self.fs.exists(path), path)
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        """Write a whole file atomically: readers see the old or the new content."""
+
+        def _write() -> None:
+            if self.is_local:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            else:
+                # One PUT: object stores publish an object whole or not at all.
+                self.fs.pipe_file(path, data)
+
+        retry(_write, path)
+
+    def write_json(self, path: str, obj: Any) -> None:
+        self.write_bytes(path, json.dumps(obj, default=_json_default, indent=1).encode())
+
+    def read_bytes(self, path: str) -> bytes:
+        return retry(lambda: self.fs.cat_file(path), path)
+
+    def read_json(self, path: str) -> Any:
+        return json.loads(self.read_bytes(path))
+
+    def check_writable(self) -> None:
+        """Create the experiment folder and prove it can be written (before any trial)."""
+        probe = self.path(f".write-test-{uuid.uuid4().hex[:8]}")
+        try:
+            self.makedirs(self.experiment_path)
+            self.write_bytes(probe, b"ok")
+            self.fs.rm(probe)
+        except Exception as exc:
+            raise ValueError(
+                f"storage path {self.uri!r} cannot be written: {type(exc).__name__}: "
+                f"{redact(str(exc))}"
+            ) from None
+
+    def open_append(self, path: str) -> AppendFile:
+        return AppendFile(self, path)
+
+    # ----------------------------------------------------------- checkpoints
+    def commit_checkpoint(self, local_dir: str, trial_path: str, index: int,
+                          metadata: dict[str, Any]) -> str:
+        """Upload ``local_dir`` as a new checkpoint of the trial and commit it.
+
+        Returns the checkpoint's path. The name is ``checkpoint_<index>``, or the next
+        free index if a crashed writer left that directory behind (never reused).
+        """
+        fs = self.fs
+        while True:
+            dest = posixpath.join(trial_path, f"checkpoint_{index:06d}")
+            if not self.exists(dest):
+                break
+            index += 1
+        files: dict[str, int] = {}
+        for dirpath, _dirs, names in os.walk(local_dir):
+            for fname in names:
+                full = os.path.join(dirpath, fname)
+                rel = os.path.relpath(full, local_dir).replace(os.sep, "/")
+                if rel == MANIFEST:
+                    continue
+                files[rel] = os.path.getsize(full)
+        if self.is_local:
+            # Copy into a hidden sibling, then rename: the directory appears whole.
+            tmp = posixpath.join(trial_path, f".tmp_{os.path.basename(dest)}_{uuid.uuid4().hex[:6]}")
+            shutil.copytree(local_dir, tmp, ignore=shutil.ignore_patterns(MANIFEST))
+            os.replace(tmp, dest)
+        else:
+            fs.makedirs(dest, exist_ok=True)
+            lpaths = [os.path.join(local_dir, *rel.split("/")) for rel in files]
+            rpaths = [posixpath.join(dest, rel) for rel in files]
+            if lpaths:
+                # fsspec streams each file from disk; async stores upload them in parallel.
+                retry(lambda: fs.put(lpaths, rpaths), dest)
+        manifest = {"files": files, "committed_at": time.time(), **metadata,
+                    "checkpoint_index": index}
+        self.write_bytes(posixpath.join(dest, MANIFEST),
+                         json.dumps(manifest, default=_json_default).encode())
+        return dest
+
+    def read_manifest(self, checkpoint_path: str) -> dict[str, Any] | None:
+        """The manifest of a committed checkpoint, or None if it is absent or broken."""
+        try:
+            manifest = json.loads(self.fs.cat_file(posixpath.join(checkpoint_path, MANIFEST)))
+        except Exception:  # noqa: BLE001 - missing or half-written: not committed
+            return None
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+            return None
+        return manifest
+
+    def is_committed(self, checkpoint_path: str, verify_files: bool = True) -> bool:
+        manifest = self.read_manifest(checkpoint_path)
+        if manifest is None:
+            return False
+        if not verify_files:
+            return True
+        try:
+            found = {
+                posixpath.relpath(info["name"], checkpoint_path): info.get("size")
+                for info in self.fs.find(checkpoint_path, detail=True).values()
+            }
+        except Exception:  # noqa: BLE001
+            return False
+        for rel, size in manifest["files"].items():
+            if rel not in found or (size is not None and found[rel] != size):
+                return False
+        return True
+
+    def list_checkpoints(self, trial_path: str) -> list[str]:
+        """Checkpoint directories of a trial, oldest first (committed or not)."""
+        try:
+            entries = self.fs.ls(trial_path, detail=False)
+        except FileNotFoundError:
+            return []
+        found = []
+        for entry in entries:
+            m = _CKPT_RE.match(posixpath.basename(entry.rstrip("/")))
+            if m:
+                found.append((int(m.group(1)), entry.rstrip("/")))
+        return [p for _, p in sorted(found)]
+
+    def latest_committed_checkpoint(self, trial_path: str) -> str | None:
+        for path in reversed(self.list_checkpoints(trial_path)):
+            if self.is_committed(path):
+                return path
+        return None
+
+    def delete(self, path: str) -> None:
+        try:
+            retry(lambda: self.fs.rm(path, recursive=True), path)
+        except FileNotFoundError:
+            pass
+
+    def download(self, remote: str, local: str) -> None:
+        retry(lambda: self.fs.get(remote.rstrip("/") + "/", local, recursive=True), remote)
+
+    # ------------------------------------------------------ pickling to workers
+    def __getstate__(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+
+class AppendFile:
+    """A result file the driver appends to.
+
+    Local and NFS paths are appended in place and flushed per batch. Object stores
+    cannot append: the file is spooled in a local temporary file and the whole
+    object re-uploaded at most every ``dasktune.storage.sync-period`` and on close,
+    so result files stay readable remotely while the run goes on.
+    """
+
+    def __init__(self, storage: ExperimentStorage, path: str):
+        self.storage = storage
+        self.path = path
+        self._period = _dask_config.get_seconds("storage.sync-period")
+        self._last_sync = 0.0
+        self._dirty = False
+        if storage.is_local:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self._fh: io.BufferedWriter | Any = open(path, "ab")
+            self._spool = None
+        else:
+            self._spool = tempfile.NamedTemporaryFile(prefix="dasktune-", delete=False)
+            try:  # continue an existing file (a restored experiment)
+                self._spool.write(storage.fs.cat_file(path))
+            except FileNotFoundError:
+                pass
+            self._fh = self._spool
+
+    def write(self, data: bytes) -> None:
+        self._fh.write(data)
+        self._dirty = True
+
+    def tell(self) -> int:
+        return self._fh.tell()
+
+    def flush(self, force: bool = False) -> None:
+        if not self._dirty:
+            return
+        self._fh.flush()
+        if self._spool is None:
+            self._dirty = False
+            return
+        now = time.monotonic()
+        if force or now - self._last_sync >= self._period:
+            spool_name = self._spool.name
+            retry(lambda: self.storage.fs.put_file(spool_name, self.path), self.path)
+            self._last_sync = now
+            self._dirty = False
+
+    def close(self) -> None:
+        try:
+            self.flush(force=True)
+        finally:
+            self._fh.close()
+            if self._spool is not None:
+                os.unlink(self._spool.name)
+
+
+def _json_default(obj: Any) -> Any:
+    try:
+        import numpy as np
+
+        if isinstance(obj, np.generic):
+            return obj.item()
+        if isinstance(obj, np.ndarray):
+            return obj.tolist()
+    except ImportError:  # pragma: no cover
+        pass
+    if isinstance(obj, (set, tuple)):
+        return list(obj)
+    return repr(obj)

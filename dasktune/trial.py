@@ -1,0 +1,173 @@
+"""The trial record and its status machine: pure data, no Dask.
+
+A :class:`Trial` is owned by the driver loop (``controller.py``). Searchers and
+schedulers read it; only the controller changes its status, through
+:meth:`Trial.set_status`, which refuses transitions the machine does not allow.
+Everything a restore needs is in :meth:`Trial.to_state` / :meth:`Trial.from_state`
+(plain JSON types), so the experiment state never pickles live objects.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+PENDING = "PENDING"
+RUNNING = "RUNNING"
+PAUSED = "PAUSED"
+TERMINATED = "TERMINATED"
+ERROR = "ERROR"
+
+_ALLOWED: dict[str, set[str]] = {
+    PENDING: {RUNNING, TERMINATED, ERROR, PAUSED},
+    RUNNING: {PENDING, PAUSED, TERMINATED, ERROR},
+    PAUSED: {PENDING, RUNNING, TERMINATED, ERROR},
+    TERMINATED: {PENDING},  # only a restore with restart/resume re-opens a trial
+    ERROR: {PENDING},
+}
+
+
+@dataclass
+class Placement:
+    """One attempt of a trial on one worker (the dashboard's Gantt rows)."""
+
+    attempt: int
+    worker: str
+    host: str
+    start: float
+    end: float | None = None
+    outcome: str | None = None  # "done", "error", "lost", "paused", "stopped"
+
+
+@dataclass
+class Trial:
+    """One configuration under evaluation.
+
+    ``attempt`` increments each time the trial is (re)started as a new actor; reports
+    carry it, and the controller drops reports whose attempt is not the current one
+    (a zombie after a partition). ``num_failures`` counts errors in user code,
+    ``num_restarts`` counts lost hosts; they are budgeted separately.
+    """
+
+    trial_id: str
+    config: dict[str, Any]
+    experiment_tag: str = ""
+    resources: dict[str, float] = field(default_factory=lambda: {"CPU": 1.0})
+    status: str = PENDING
+    last_result: dict[str, Any] = field(default_factory=dict)
+    metric_analysis: dict[str, dict[str, float]] = field(default_factory=dict)
+    metric_n_steps: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    checkpoint: str | None = None  # path of the newest committed checkpoint
+    checkpoint_iteration: int = 0
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    num_failures: int = 0
+    num_restarts: int = 0
+    attempt: int = 0
+    error_msg: str | None = None
+    error_file: str | None = None
+    placements: list[Placement] = field(default_factory=list)
+    start_time: float | None = None
+    end_time: float | None = None
+    stop_reason: str | None = None
+    # Set by a scheduler (PBT exploit) so the next start restores this checkpoint.
+    restore_path: str | None = None
+    evaluated_params: dict[str, Any] = field(default_factory=dict)
+    # Folder of the trial in the experiment's storage (set by the controller).
+    path: str | None = None
+    # Highest training_iteration already logged: re-executed iterations after a
+    # restart are not logged twice.
+    logged_iteration: int = 0
+
+    # ------------------------------------------------------------------ naming
+    @property
+    def trial_name(self) -> str:
+        tag = f"_{self.experiment_tag}" if self.experiment_tag else ""
+        return f"trial_{self.trial_id}{tag}"
+
+    @property
+    def dirname(self) -> str:
+        """Folder of the trial under the experiment (Ray: ``<trainable>_<id>_<tag>``)."""
+        name = f"{self.trial_id}_{self.experiment_tag}" if self.experiment_tag else self.trial_id
+        return _safe(name)[:120]
+
+    # --------------------------------------------------------------- status
+    def set_status(self, status: str) -> None:
+        if status == self.status:
+            return
+        if status not in _ALLOWED[self.status]:
+            raise ValueError(f"trial {self.trial_id}: illegal transition {self.status} -> {status}")
+        self.status = status
+        now = time.time()
+        if status == RUNNING and self.start_time is None:
+            self.start_time = now
+        if status in (TERMINATED, ERROR):
+            self.end_time = now
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in (TERMINATED, ERROR)
+
+    # --------------------------------------------------------------- results
+    def update_last_result(self, result: dict[str, Any]) -> None:
+        """Record a result and keep min/max/avg/last(-5/-10) per numeric metric."""
+        self.last_result = result
+        step = result.get("training_iteration", 0)
+        for key, value in result.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            if isinstance(value, float) and math.isnan(value):
+                continue
+            stats = self.metric_analysis.get(key)
+            if stats is None:
+                self.metric_analysis[key] = {
+                    "max": value,
+                    "min": value,
+                    "avg": value,
+                    "last": value,
+                    "last-5-avg": value,
+                    "last-10-avg": value,
+                    "count": 1,
+                }
+                self.metric_n_steps[key] = {"5": [value], "10": [value]}
+                continue
+            n = stats["count"] + 1
+            stats["max"] = max(stats["max"], value)
+            stats["min"] = min(stats["min"], value)
+            stats["avg"] = stats["avg"] + (value - stats["avg"]) / n
+            stats["last"] = value
+            stats["count"] = n
+            for window in ("5", "10"):
+                buf = self.metric_n_steps[key][window]
+                buf.append(value)
+                if len(buf) > int(window):
+                    del buf[0]
+                stats[f"last-{window}-avg"] = sum(buf) / len(buf)
+        del step
+
+    # --------------------------------------------------------------- state
+    def to_state(self) -> dict[str, Any]:
+        """JSON-able snapshot for the experiment state file."""
+        state = {k: v for k, v in self.__dict__.items() if k != "placements"}
+        state["placements"] = [p.__dict__ for p in self.placements]
+        return state
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Trial:
+        state = dict(state)
+        placements = [Placement(**p) for p in state.pop("placements", [])]
+        known = {f for f in cls.__dataclass_fields__}
+        trial = cls(**{k: v for k, v in state.items() if k in known})
+        trial.placements = placements
+        return trial
+
+    def __repr__(self) -> str:
+        return f"Trial({self.trial_id}, {self.status})"
+
+
+def _safe(name: str) -> str:
+    out = []
+    for ch in name:
+        out.append(ch if ch.isalnum() or ch in "-_.=," else "_")
+    return "".join(out)

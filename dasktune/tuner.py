@@ -1,0 +1,197 @@
+"""``Tuner``: validates the user's input and wires the parts together. Nothing else.
+
+``Tuner(...).fit()`` builds the experiment store, the search algorithm, the
+scheduler, the executor on the resolved Dask client and the callbacks, then hands
+them to :class:`~dasktune.controller.TuneController`. ``Tuner.restore`` rebuilds
+the same from an experiment's saved state (``experiment.py``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from dasktune import experiment, tuner_build
+from dasktune.config import RunConfig, TuneConfig
+from dasktune.results import ResultGrid
+from dasktune.space import validate_param_space
+from dasktune.storage import ExperimentStorage
+from dasktune.trainable import (
+    is_class_trainable,
+    trainable_name,
+    unwrap,
+    validate_trainable,
+)
+from dasktune.trial import Trial
+
+logger = logging.getLogger(__name__)
+
+
+class Tuner:
+    """Tune a trainable over a parameter space (Ray Tune's ``tune.Tuner``).
+
+    Args:
+        trainable: a function ``f(config)`` that calls ``tune.report``, or a
+            :class:`~dasktune.Trainable` subclass; optionally wrapped by
+            ``tune.with_resources`` / ``tune.with_parameters``.
+        param_space: the search space: a dict of constants, domains
+            (``tune.uniform(...)``) and ``tune.grid_search([...])``, nested freely.
+        tune_config: what to optimise and how many trials.
+        run_config: where results go, when trials stop, failure handling.
+    """
+
+    def __init__(self, trainable: Any = None, *, param_space: Mapping[str, Any] | None = None,
+                 tune_config: TuneConfig | None = None, run_config: RunConfig | None = None,
+                 _restored: experiment.RestoredExperiment | None = None):
+        if trainable is None:
+            raise TypeError("Tuner needs a trainable (a function or a dasktune.Trainable class)")
+        validate_trainable(trainable)
+        if param_space is not None:
+            validate_param_space(param_space)
+        if tune_config is not None and not isinstance(tune_config, TuneConfig):
+            raise TypeError(f"tune_config must be a dasktune.TuneConfig, got {type(tune_config)}")
+        if run_config is not None and not isinstance(run_config, RunConfig):
+            raise TypeError(f"run_config must be a dasktune.RunConfig, got {type(run_config)}")
+        self._trainable = trainable
+        self._param_space = dict(param_space or {})
+        self._tune_config = tune_config or TuneConfig()
+        self._run_config = run_config or RunConfig()
+        self._restored = _restored
+        self._results: ResultGrid | None = None
+        if _restored is not None:
+            self._results = _restored.result_grid()
+
+    # ------------------------------------------------------------------ fit
+    def fit(self) -> ResultGrid:
+        """Run the experiment to the end and return its results."""
+        from dasktune import runtime
+        from dasktune.controller import TuneController
+        from dasktune.executor import DaskExecutor
+        from dasktune.stopper import make_stopper
+
+        tc, rc = self._tune_config, self._run_config
+        name = rc.name or self._default_name()
+        storage = self._storage(name)
+        tuner_build.check_serializable(self._trainable)
+        if tc.num_samples == -1 and tc.time_budget_s is None and rc.stop is None:
+            raise ValueError("TuneConfig(num_samples=-1) runs forever: set time_budget_s or a "
+                             "RunConfig(stop=...) that ends the experiment")
+        stopper, stop_dict = make_stopper(rc.stop)
+        restored = self._restored
+        if restored is not None:
+            search_alg, scheduler = restored.search_alg, restored.scheduler
+            trials: list[Trial] = restored.trials
+            uid = restored.uid
+        else:
+            uid = uuid.uuid4().hex[:8]
+            search_alg = tuner_build.make_search_alg(tc, self._param_space, uid)
+            scheduler = tuner_build.make_scheduler(tc)
+            trials = []
+        storage.check_writable()
+        client, cluster = runtime.get_client()
+        tuner_build.check_shared_storage(client, storage)
+        executor = DaskExecutor(client)
+        params = tuner_build.scatter_params(client, self._trainable)
+        callbacks = tuner_build.make_callbacks(rc, client, storage, name, tc, search_alg,
+                                              scheduler)
+        state_writer = experiment.StateWriter(storage, name=name, uid=uid,
+                                              trainable_name=trainable_name(self._trainable),
+                                              tune_config=tc, run_config=rc,
+                                              param_space=self._param_space)
+        core, _, _ = unwrap(self._trainable)
+        controller = TuneController(
+            trainable=core,
+            trainable_name=trainable_name(self._trainable),
+            storage=storage,
+            search_alg=search_alg,
+            scheduler=scheduler,
+            executor=executor,
+            callbacks=callbacks,
+            stopper=stopper,
+            stop_dict=stop_dict,
+            resources_for=self._resources_for(),
+            metric=tc.metric,
+            mode=tc.mode,
+            max_concurrent=tc.max_concurrent_trials,
+            time_budget_s=tc.time_budget_s,
+            failure_config=rc.failure_config,  # type: ignore[arg-type]
+            checkpoint_config=rc.checkpoint_config,  # type: ignore[arg-type]
+            params=params,
+            trials=trials,
+            save_state=state_writer,
+            can_scale=tuner_build.cluster_can_scale(cluster, client),
+            reporter=tuner_build.make_reporter(rc, tc),
+        )
+        state_writer.write_static()
+        try:
+            controller.run()
+        finally:
+            for fut in params.values():
+                fut.release()
+        cc = rc.checkpoint_config
+        self._results = ResultGrid(controller.trials, storage, metric=tc.metric, mode=tc.mode,
+                                   score_attr=cc.checkpoint_score_attribute if cc else None,
+                                   score_order=cc.checkpoint_score_order if cc else "max")
+        return self._results
+
+    def get_results(self) -> ResultGrid:
+        """The results of the last ``fit()`` or of the restored experiment, without running."""
+        if self._results is None:
+            raise RuntimeError("no results yet: call fit() first (or Tuner.restore(...))")
+        return self._results
+
+    # ------------------------------------------------------------------ restore
+    @classmethod
+    def restore(cls, path: str, trainable: Any, resume_unfinished: bool = True,
+                resume_errored: bool = False, restart_errored: bool = False,
+                param_space: Mapping[str, Any] | None = None,
+                storage_filesystem: Any = None, _resume_config: Any = None) -> Tuner:
+        """Continue an experiment from its folder or URI (Ray's ``Tuner.restore``).
+
+        Finished trials are not run again; unfinished ones continue from their newest
+        committed checkpoint; errored ones stay errored unless ``resume_errored``
+        (continue from the checkpoint) or ``restart_errored`` (start from scratch).
+        The searcher's state continues; ``num_samples`` counts trials already made.
+        """
+        restored = experiment.load(path, storage_filesystem=storage_filesystem,
+                                   resume_unfinished=resume_unfinished,
+                                   resume_errored=resume_errored,
+                                   restart_errored=restart_errored)
+        space = dict(param_space) if param_space is not None else restored.param_space
+        return cls(trainable, param_space=space, tune_config=restored.tune_config,
+                   run_config=restored.run_config, _restored=restored)
+
+    @classmethod
+    def can_restore(cls, path: str, storage_filesystem: Any = None) -> bool:
+        """Whether ``path`` holds an experiment that :meth:`restore` can continue."""
+        return experiment.can_restore(path, storage_filesystem)
+
+    # ------------------------------------------------------------------ helpers
+    def _default_name(self) -> str:
+        stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+        return f"{trainable_name(self._trainable)}_{stamp}"
+
+    def _storage(self, name: str) -> ExperimentStorage:
+        if self._restored is not None:
+            return self._restored.storage
+        rc = self._run_config
+        return ExperimentStorage(rc.resolved_storage_path, name, filesystem=rc.storage_filesystem,
+                                 storage_options=rc.storage_options)
+
+    def _resources_for(self) -> Callable[[dict[str, Any]], dict[str, float]]:
+        from dasktune.resources import normalize_request
+
+        core, _, request = unwrap(self._trainable)
+        if request is None and is_class_trainable(core):
+            request = core.default_resource_request
+
+        def resources_for(config: dict[str, Any]) -> dict[str, float]:
+            req = request(config) if callable(request) else request
+            return normalize_request(req or None)
+
+        if not callable(request):
+            resources_for({})  # a bad request is an error now, not on the first trial
+        return resources_for

@@ -1,0 +1,222 @@
+"""Builds the parts a :class:`~dasktune.Tuner` wires together, and checks input early.
+
+Everything here runs before the first trial starts, so a mistake (an unpicklable
+trainable, a metric/mode conflict, a private local path on a multi-host cluster)
+is raised by ``fit()`` before any work is spent.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import pickle
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import cloudpickle
+
+from dasktune.trainable import unwrap
+
+if TYPE_CHECKING:
+    from dasktune.callback import Callback
+    from dasktune.config import RunConfig, TuneConfig
+    from dasktune.schedulers import TrialScheduler
+    from dasktune.search import SearchAlgorithm
+    from dasktune.storage import ExperimentStorage
+
+logger = logging.getLogger(__name__)
+
+
+def make_search_alg(tc: TuneConfig, param_space: dict[str, Any], uid: str) -> SearchAlgorithm:
+    """The search algorithm the driver drives: ``BasicVariantGenerator`` by default,
+    any ``Searcher`` wrapped in a ``SearchGenerator`` (which counts ``num_samples``)."""
+    import copy
+
+    from dasktune.search import BasicVariantGenerator, SearchAlgorithm, Searcher, SearchGenerator
+
+    alg = copy.deepcopy(tc.search_alg) if tc.search_alg is not None else None
+    if alg is None:
+        alg = BasicVariantGenerator(random_state=tc.seed)
+    elif isinstance(alg, Searcher):
+        alg = SearchGenerator(alg, tc.num_samples)
+    elif not isinstance(alg, SearchAlgorithm):
+        raise TypeError(
+            f"TuneConfig(search_alg=...) must be a dasktune Searcher or SearchAlgorithm, "
+            f"got {type(alg).__name__}"
+        )
+    spec: dict[str, Any] = {"num_samples": tc.num_samples, "experiment_uid": uid}
+    if tc.seed is not None:
+        spec["seed"] = tc.seed
+    if not alg.set_search_properties(tc.metric, tc.mode, param_space, **spec):
+        raise ValueError(
+            f"the search algorithm {type(alg).__name__} already has a metric/mode that "
+            f"disagrees with TuneConfig(metric={tc.metric!r}, mode={tc.mode!r}); set them in "
+            "one place"
+        )
+    return alg
+
+
+def make_scheduler(tc: TuneConfig) -> TrialScheduler:
+    import copy
+
+    from dasktune.schedulers import FIFOScheduler, TrialScheduler
+
+    sched = copy.deepcopy(tc.scheduler) if tc.scheduler is not None else FIFOScheduler()
+    if not isinstance(sched, TrialScheduler):
+        raise TypeError(f"TuneConfig(scheduler=...) must be a dasktune TrialScheduler, got "
+                        f"{type(sched).__name__}")
+    metric = tc.metric if not isinstance(tc.metric, list) else None
+    mode = tc.mode if not isinstance(tc.mode, list) else None
+    if not sched.set_search_properties(metric, mode):
+        raise ValueError(
+            f"the scheduler {type(sched).__name__} has metric/mode "
+            f"({getattr(sched, 'metric', None) or getattr(sched, '_metric', None)!r}, "
+            f"{getattr(sched, 'mode', None) or getattr(sched, '_mode', None)!r}) that disagree "
+            f"with TuneConfig(metric={tc.metric!r}, mode={tc.mode!r}); set them in one place"
+        )
+    return sched
+
+
+def make_callbacks(rc: RunConfig, client: Any, storage: ExperimentStorage, name: str,
+                   tc: TuneConfig, search_alg: Any, scheduler: Any) -> list[Callback]:
+    """User callbacks, plus the default loggers (unless the user passed their own
+    instance of a class) and the dashboard feed."""
+    from dasktune.logger import DEFAULT_LOGGERS
+
+    callbacks = list(rc.callbacks or [])
+    for cls in DEFAULT_LOGGERS:
+        if not any(isinstance(cb, cls) for cb in callbacks):
+            callbacks.append(cls())
+    try:
+        from dasktune.dashboard import DashboardCallback, register_dashboard
+
+        url = register_dashboard(client)
+        info = {"experiment_id": f"{name}-{uuid.uuid4().hex[:6]}", "name": name,
+                "storage": storage.uri, "searcher": type(search_alg).__name__,
+                "scheduler": type(scheduler).__name__, "metric": tc.metric, "mode": tc.mode}
+        callbacks.append(DashboardCallback(client, info))
+        if url:
+            logger.info("dasktune dashboard: %s", url)
+    except ImportError:
+        pass
+    except Exception as exc:  # noqa: BLE001 - monitoring must never stop an experiment
+        logger.warning("dashboard not available: %r", exc)
+    return callbacks
+
+
+def make_reporter(rc: RunConfig, tc: TuneConfig) -> Any:
+    from dasktune.progress import ProgressReporter
+
+    if rc.progress_reporter is not None:
+        return rc.progress_reporter
+    verbose = 1 if rc.verbose is None else rc.verbose
+    if verbose == 0:
+        return None
+    metric = tc.metric if isinstance(tc.metric, str) else None
+    mode = tc.mode if isinstance(tc.mode, str) else None
+    return ProgressReporter(verbose=verbose, metric=metric, mode=mode)
+
+
+def check_serializable(trainable: Any) -> None:
+    """Fail at ``fit()`` if the trainable cannot travel to the workers, naming what."""
+    try:
+        cloudpickle.dumps(trainable)
+    except Exception as exc:
+        culprit = _find_unpicklable(trainable)
+        where = f" (the culprit: {culprit})" if culprit else ""
+        raise TypeError(
+            f"the trainable {getattr(trainable, '__name__', trainable)!r} cannot be serialized "
+            f"to send it to the workers{where}: {type(exc).__name__}: {exc}"
+        ) from None
+
+
+def _find_unpicklable(obj: Any, depth: int = 0) -> str | None:
+    """Walk closures, globals and attributes to name the object that fails to pickle."""
+    import inspect
+
+    if depth > 3:
+        return None
+    candidates: list[tuple[str, Any]] = []
+    core, params, _ = unwrap(obj) if depth == 0 else (obj, {}, None)
+    candidates += [(f"with_parameters({k}=...)", v) for k, v in params.items()]
+    if inspect.isfunction(core):
+        closure = core.__closure__ or ()
+        candidates += [(f"closure variable {n!r}", c.cell_contents)
+                       for n, c in zip(core.__code__.co_freevars, closure)]
+        candidates += [(f"global {n!r}", core.__globals__[n]) for n in core.__code__.co_names
+                       if n in core.__globals__ and not inspect.ismodule(core.__globals__[n])]
+    elif hasattr(core, "__dict__") and not inspect.isclass(core):
+        candidates += [(f"attribute {k!r}", v) for k, v in vars(core).items()]
+    for label, value in candidates:
+        try:
+            cloudpickle.dump(value, io.BytesIO())
+        except Exception:  # noqa: BLE001
+            deeper = _find_unpicklable(value, depth + 1)
+            return f"{label} of type {type(value).__name__}" + (f" -> {deeper}" if deeper else "")
+    return None
+
+
+def scatter_params(client: Any, trainable: Any) -> dict[str, Any]:
+    """Ship ``with_parameters`` objects to the cluster once, as futures."""
+    _, params, _ = unwrap(trainable)
+    if not params:
+        return {}
+    futures = {}
+    for key, value in params.items():
+        try:
+            pickle.dumps(value, protocol=5)
+        except Exception:  # noqa: BLE001 - cloudpickle handles the rest when scattering
+            pass
+        futures[key] = client.scatter(value, broadcast=False, hash=False)
+    return futures
+
+
+def cluster_can_scale(cluster: Any, client: Any) -> bool:
+    """Whether the cluster may add workers (adaptive or a manager that can scale)."""
+    cluster = cluster or getattr(client, "cluster", None)
+    if cluster is None:
+        return False
+    adaptive = getattr(cluster, "_adaptive", None)
+    if adaptive is not None:
+        return True
+    return bool(getattr(cluster, "dasktune_can_scale", False))
+
+
+def check_shared_storage(client: Any, storage: ExperimentStorage) -> None:
+    """Refuse a local path that some worker host cannot see (unless it is shared).
+
+    The driver writes a marker file with a random token; every worker checks that it
+    can read the same token at the same path. A worker that cannot is on another
+    host (or another mount namespace) with a private disk.
+    """
+    if not storage.is_local:
+        return
+    import os
+
+    token = uuid.uuid4().hex
+    marker = storage.path(f".dasktune-marker-{token[:8]}")
+    storage.makedirs(storage.experiment_path)
+    with open(marker, "w") as f:
+        f.write(token)
+    try:
+        def _check(path: str = marker, expected: str = token) -> bool:
+            try:
+                with open(path) as fh:
+                    return fh.read() == expected
+            except OSError:
+                return False
+
+        seen = client.run(_check)
+        blind = sorted(addr for addr, ok in seen.items() if not ok)
+    finally:
+        try:
+            os.unlink(marker)
+        except OSError:
+            pass
+    if blind:
+        raise ValueError(
+            f"storage_path {storage.storage_root!r} is a local folder that the workers "
+            f"{', '.join(blind)} cannot see (they run on another host or mount). Use cloud "
+            "storage (RunConfig(storage_path='s3://bucket/path')) or a filesystem shared by "
+            "every node (NFS, EFS)."
+        )
