@@ -30,12 +30,28 @@ from dasktune.session import StopTrial, TrialSession, TrialSpec, _bind
 from dasktune.trainable import is_class_trainable
 
 _MAX_BATCH = 5000
+_TRAINABLES: dict[bytes, Any] = {}
+
+
+def _load_trainable(blob: bytes) -> Any:
+    """Unpickle the trainable once per worker process (it arrives with every attempt)."""
+    import hashlib
+
+    import cloudpickle
+
+    key = hashlib.blake2b(blob, digest_size=16).digest()
+    fn = _TRAINABLES.get(key)
+    if fn is None:
+        fn = _TRAINABLES[key] = cloudpickle.loads(blob)
+    return fn
 
 
 class TrialActor:
     """Runs one attempt of a trial; created with ``client.submit(TrialActor, spec, params, actor=True)``."""
 
     def __init__(self, spec: TrialSpec, params: dict[str, Any] | None = None):
+        if isinstance(spec.trainable, bytes):
+            spec.trainable = _load_trainable(spec.trainable)
         self.spec = spec
         self._params = params or {}
         self._cond = threading.Condition()

@@ -7,14 +7,14 @@ values happens in ``__post_init__``, so a mistake is raised where it is written.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from dasktune.callback import Callback
     from dasktune.schedulers import TrialScheduler
     from dasktune.search import SearchAlgorithm, Searcher
-    from dasktune.stopper import Stopper
 
 
 def _check_mode(mode: Any, where: str) -> None:

@@ -22,6 +22,8 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import cloudpickle
+
 from dasktune import _dask_config
 from dasktune.callback import Callback, CallbackList
 from dasktune.checkpoint import Checkpoint
@@ -94,6 +96,9 @@ class TuneController:
         reporter: Any = None,
     ):
         self.trainable = trainable
+        # Pickled here, once, with cloudpickle: Dask would send an importable function by
+        # reference, which fails on workers that cannot import the user's module.
+        self._trainable_blob = cloudpickle.dumps(trainable)
         self.trainable_name = trainable_name
         self.storage = storage
         self.search_alg = search_alg
@@ -246,7 +251,7 @@ class TuneController:
             trial_name=trial.trial_name,
             experiment_name=self.storage.name,
             config=trial.config,
-            trainable=self.trainable,
+            trainable=self._trainable_blob,
             storage=self.storage,
             trial_path=trial.path or "",
             attempt=trial.attempt,

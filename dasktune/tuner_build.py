@@ -117,8 +117,38 @@ def make_reporter(rc: RunConfig, tc: TuneConfig) -> Any:
     return ProgressReporter(verbose=verbose, metric=metric, mode=mode)
 
 
+def ship_by_value(trainable: Any) -> None:
+    """Send a trainable defined in the user's own files by value, not by import path.
+
+    Workers cannot import a module that lives only next to the user's script (Ray
+    ships a working dir for that); pickling it by value makes it run unchanged.
+    Installed packages keep being imported by name.
+    """
+    import os
+    import site
+    import sys
+    import sysconfig
+
+    core, _, _ = unwrap(trainable)
+    module = sys.modules.get(getattr(core, "__module__", None) or "")
+    if module is None or module.__name__ in ("__main__", "builtins"):
+        return
+    if module.__name__.split(".")[0] == "dasktune":
+        return
+    path = getattr(module, "__file__", None)
+    if not path:
+        return
+    path = os.path.realpath(path)
+    installed = {os.path.realpath(p) for p in site.getsitepackages() + [site.getusersitepackages(),
+                 sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"]]}
+    if any(path.startswith(root + os.sep) for root in installed):
+        return
+    cloudpickle.register_pickle_by_value(module)
+
+
 def check_serializable(trainable: Any) -> None:
     """Fail at ``fit()`` if the trainable cannot travel to the workers, naming what."""
+    ship_by_value(trainable)
     try:
         cloudpickle.dumps(trainable)
     except Exception as exc:

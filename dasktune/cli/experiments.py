@@ -1,4 +1,4 @@
-"""``dasktune ls`` and ``dasktune dashboard PATH_OR_URI``: experiments in storage."""
+"""``dasktune ls``: the experiments and trials under a results folder or URI."""
 
 from __future__ import annotations
 
@@ -84,18 +84,3 @@ def ls(ctx: click.Context, path: str, trials: bool) -> None:
             shown = f"  {metric}={value:.6g}" if isinstance(value, (int, float)) else ""
             click.echo(f"  {t['trial_id']:<16} {t['status']:<10} "
                        f"iter={last.get('training_iteration', 0):<6}{shown}")
-
-
-@main.command("dashboard-experiment", hidden=True)
-@click.argument("path")
-@click.option("--port", default=0, help="Port to serve on (0: any free port).")
-def dashboard_experiment(path: str, port: int) -> None:
-    """Serve the dasktune page for a finished experiment read from storage."""
-    from dasktune.dashboard import serve_static
-
-    server, url = serve_static(path, port=port)
-    click.echo(f"serving {path} at {url} (Ctrl-C to stop)")
-    try:
-        server.io_loop.start()
-    except KeyboardInterrupt:
-        pass

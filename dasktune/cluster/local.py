@@ -1,0 +1,253 @@
+"""``provider: {type: local}``: a real scheduler and workers as detached processes here.
+
+Each process gets its own session (so a closing terminal does not take it along) and is
+recorded with its start time, so ``down`` kills exactly the processes it started even if a
+PID was reused meanwhile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from dasktune.cluster._base import ClusterProvider, Progress, _quiet
+
+__all__ = ["LocalProvider", "worker_command"]
+
+
+def worker_command(address: str, *, nthreads: int, name: str,
+                   resources: dict[str, float], extra: Sequence[str] = ()) -> list[str]:
+    """The one place that says how a local worker is started (``dasktune worker``).
+
+    No nanny: one PID per worker, so ``kill-random-worker --hard`` kills the worker itself.
+    """
+    res = ",".join(f"{k}={v:g}" for k, v in {"CPU": nthreads, **resources}.items())
+    return [sys.executable, "-c", "from dasktune.cli import main; main()", "worker", address,
+            "--nthreads", str(nthreads), "--resources", res, "--name", name,
+            "--no-nanny", "--no-dashboard", "--host", "127.0.0.1", *extra]
+
+
+def _alive(rec: dict[str, Any]) -> bool:
+    import psutil
+
+    try:
+        p = psutil.Process(rec["pid"])
+        # A different start time means the PID now belongs to someone else.
+        return (abs(p.create_time() - rec["create_time"]) < 1.0
+                and p.status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _kill(recs: Sequence[dict[str, Any]], sig: int = signal.SIGTERM, grace: float = 10.0) -> None:
+    """Signal the recorded processes (their own process groups), SIGKILL stragglers, verify."""
+    live = [r for r in recs if _alive(r)]
+    for r in live:
+        _signal(r["pid"], sig)
+    deadline = time.monotonic() + grace
+    while live and time.monotonic() < deadline:
+        time.sleep(0.05)
+        live = [r for r in live if _alive(r)]
+    for r in live:
+        _signal(r["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 5.0
+    while live and time.monotonic() < deadline:
+        time.sleep(0.05)
+        live = [r for r in live if _alive(r)]
+    if live:
+        raise RuntimeError(f"processes still running after SIGKILL: {[r['pid'] for r in live]}")
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        # start_new_session made each process the leader of its own group.
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+class LocalProvider(ClusterProvider):
+    """Scheduler and ``min_workers`` workers on 127.0.0.1, outliving the command."""
+
+    kind = "local"
+
+    def _spawn(self, argv: list[str], role: str, log_name: str,
+               env: dict[str, str] | None = None) -> dict[str, Any]:
+        import psutil
+
+        log = self.state.private_file(log_name)
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True,
+                                    env={**os.environ, **(env or {})})
+        try:
+            created = psutil.Process(proc.pid).create_time()
+        except psutil.NoSuchProcess:
+            created = time.time()
+        return {"pid": proc.pid, "create_time": created, "role": role, "log": str(log),
+                "argv": argv}
+
+    def _tls_files(self) -> dict[str, str]:
+        from distributed.security import Security
+
+        sec = Security.temporary()
+        files = {}
+        for key, pem in (("ca", sec.tls_ca_file), ("cert", sec.tls_scheduler_cert),
+                         ("key", sec.tls_scheduler_key)):
+            path = self.state.private_file(f"tls-{key}.pem")
+            path.write_text(pem)
+            files[key] = str(path)
+        return files
+
+    def up(self, *, restart_only: bool = False, timeout: float = 120.0,
+           progress: Progress = _quiet) -> dict[str, Any]:
+        if self.state.exists():
+            old = self.state.read()
+            if not restart_only and all(_alive(r) for r in old.get("processes", [])):
+                progress(f"cluster {self.name!r} is already up at {old['scheduler_address']}")
+                return old
+            progress("restarting the Dask processes")
+            _kill(old.get("processes", []))
+        elif restart_only:
+            raise ValueError(f"--restart-only: cluster {self.name!r} is not up")
+        if not restart_only:
+            for cmd in self.config.setup_commands:
+                progress(f"setup: {cmd}")
+                subprocess.run(cmd, shell=True, check=True)
+        self.state.ensure_dir()
+        tls = self._tls_files() if self.config.provider.tls else None
+        tls_args = (["--tls-ca-file", tls["ca"], "--tls-cert", tls["cert"], "--tls-key", tls["key"]]
+                    if tls else [])
+        sched_file = self.state.dir / "scheduler.json"
+        sched_file.unlink(missing_ok=True)
+        state: dict[str, Any] = {"name": self.name, "provider": "local", "processes": [],
+                                 "jobs": [], "tls": tls}
+        self.state.write(state)
+        try:
+            sched = self._spawn(
+                [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+                 "--port", "0", "--dashboard-address", "127.0.0.1:0",
+                 "--protocol", "tls" if tls else "tcp",
+                 "--scheduler-file", str(sched_file), *tls_args],
+                "scheduler", "scheduler.log")
+            state["processes"].append(sched)
+            self.state.write(state)
+            progress("starting the scheduler")
+            info = self._wait_scheduler_file(sched_file, sched, timeout)
+            address = info["address"]
+            dash = info.get("services", {}).get("dashboard")
+            state.update(scheduler_address=address,
+                         dashboard_url=f"http://127.0.0.1:{dash}/status" if dash else None)
+            self.state.write(state)
+            n = max(self.config.min_workers, 1 if self.config.max_workers else 0)
+            node = self.config.worker
+            nthreads = int(node.resources.get("CPU", 1))
+            extra_res = {k: v for k, v in node.resources.items() if k != "CPU"}
+            command = self.config.worker_command
+            for i in range(n):
+                wname = f"{self.name}-worker-{i}-{uuid.uuid4().hex[:4]}"
+                argv = (list(command) + [address] if command else
+                        worker_command(address, nthreads=nthreads, name=wname,
+                                       resources=extra_res))
+                rec = self._spawn(argv + tls_args, "worker", f"{wname}.log")
+                rec["name"] = wname
+                state["processes"].append(rec)
+                self.state.write(state)
+            self.wait_for_workers(n, timeout, progress)
+        except BaseException:
+            # Leave nothing behind: a failed up is as clean as a down.
+            _kill(state["processes"])
+            self.state.remove()
+            raise
+        return state
+
+    def _wait_scheduler_file(self, path: Any, rec: dict[str, Any], timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if path.exists():
+                try:
+                    return json.loads(path.read_text())
+                except ValueError:  # being written
+                    pass
+            if not _alive(rec):
+                raise RuntimeError(f"the scheduler exited; see {rec['log']}")
+            time.sleep(0.05)
+        raise TimeoutError(f"the scheduler did not start within {timeout:.0f}s; see {rec['log']}")
+
+    def down(self, *, progress: Progress = _quiet) -> None:
+        if not self.state.exists():
+            progress(f"cluster {self.name!r} is not up; nothing to do")
+            return
+        state = self.state.read()
+        procs = state.get("processes", []) + state.get("jobs", [])
+        progress(f"stopping {len(procs)} process(es)")
+        _kill(procs)
+        self.state.remove()
+
+    def kill_worker_hard(self, *, rng: random.Random | None = None) -> str:
+        state = self.state.read()
+        live = [r for r in state["processes"] if r["role"] == "worker" and _alive(r)]
+        if not live:
+            raise ValueError(f"cluster {self.name!r} has no live worker process")
+        victim = (rng or random).choice(live)
+        _kill([victim], sig=signal.SIGKILL)
+        return f"{victim.get('name', 'worker')} (PID {victim['pid']})"
+
+    def exec(self, command: str) -> int:
+        self.state.read()  # the cluster must be up
+        return subprocess.call(command, shell=True, env={**os.environ, **self.client_env()})
+
+    def _driver_argv(self, script: str, args: Sequence[str]) -> list[str]:
+        if not os.path.isfile(script):
+            raise ValueError(f"submit: no such script: {script}")
+        return [sys.executable, os.path.abspath(script), *args, "--address", self.address]
+
+    def submit(self, script: str, args: Sequence[str], *, detach: bool = False,
+               then_down: bool = False) -> tuple[int, str | None]:
+        argv = self._driver_argv(script, args)
+        env = self.client_env()
+        if not detach:
+            return subprocess.call(argv, env={**os.environ, **env}), None
+        if then_down:
+            down = [sys.executable, "-c", "from dasktune.cli import main; main()", "down",
+                    "-y", "--name", self.name, self.state.read()["config_path"]]
+            argv = ["/bin/sh", "-c", f"{shlex.join(argv)}; {shlex.join(down)}"]
+        job = f"job-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+        rec = self._spawn(argv, "job", f"{job}.log", env=env)
+        rec["job"] = job
+        state = self.state.read()
+        state.setdefault("jobs", []).append(rec)
+        self.state.write(state)
+        return 0, job
+
+    def _job(self, job: str | None) -> dict[str, Any]:
+        jobs = self.state.read().get("jobs", [])
+        if not jobs:
+            raise ValueError(f"cluster {self.name!r} has no detached job")
+        if job is None:
+            return jobs[-1]
+        for rec in jobs:
+            if rec["job"] == job:
+                return rec
+        raise ValueError(f"no job {job!r} on cluster {self.name!r} "
+                         f"(jobs: {', '.join(r['job'] for r in jobs)})")
+
+    def logs(self, job: str | None = None) -> tuple[str, bool]:
+        rec = self._job(job)
+        with open(rec["log"], errors="replace") as f:
+            return f.read(), _alive(rec)
+
+    def jobs(self) -> list[tuple[str, bool]]:
+        return [(r["job"], _alive(r)) for r in self.state.read().get("jobs", [])]

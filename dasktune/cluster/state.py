@@ -1,0 +1,74 @@
+"""Where a running cluster is remembered between commands: one JSON file per cluster.
+
+``$XDG_CONFIG_HOME/dasktune/clusters/<name>.json`` (mode 0600) plus a private folder
+``<name>/`` for logs and TLS files. It holds addresses and process ids, never a cloud
+credential, so ``status`` or ``down`` work from any new shell.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ClusterState", "clusters_dir"]
+
+
+def clusters_dir() -> Path:
+    """``$XDG_CONFIG_HOME/dasktune/clusters`` (``~/.config`` when the variable is unset)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "dasktune" / "clusters"
+
+
+class ClusterState:
+    """The state file of the cluster called ``name``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.path = clusters_dir() / f"{name}.json"
+        self.dir = clusters_dir() / name
+
+    def exists(self) -> bool:
+        return self.path.exists()
+
+    def ensure_dir(self) -> Path:
+        """The cluster's private folder (0700), created on first use."""
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.dir, 0o700)
+        return self.dir
+
+    def read(self) -> dict[str, Any]:
+        """The recorded state; ``ValueError`` if there is none."""
+        try:
+            return json.loads(self.path.read_text())
+        except FileNotFoundError:
+            raise ValueError(
+                f"cluster {self.name!r} is not up (no state file {self.path})"
+            ) from None
+
+    def write(self, state: dict[str, Any]) -> None:
+        """Atomically replace the state file, readable only by the user."""
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = self.path.with_suffix(".json.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(state, f, indent=2, sort_keys=True)
+        os.replace(tmp, self.path)
+
+    def update(self, **changes: Any) -> dict[str, Any]:
+        state = self.read() if self.exists() else {}
+        state.update(changes)
+        self.write(state)
+        return state
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    def private_file(self, name: str) -> Path:
+        """A path in the private folder; the file is created empty with mode 0600."""
+        path = self.ensure_dir() / name
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.close(fd)
+        os.chmod(path, 0o600)
+        return path

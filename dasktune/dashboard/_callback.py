@@ -1,0 +1,159 @@
+"""The driver's side of the live page: a callback that batches updates into events."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from dasktune.callback import Callback
+from dasktune.dashboard._messages import (
+    EXPERIMENT,
+    FINISHED,
+    RESULTS,
+    RUNNING,
+    TOPIC,
+    TRIALS,
+    check_metric_mode,
+    experiment_message,
+    result_point,
+    trial_record,
+)
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+    from dasktune.trial import Trial
+
+logger = logging.getLogger(__name__)
+
+# Past this many buffered points a flush is due whatever the period, to bound memory.
+_MAX_BUFFERED_POINTS = 5000
+
+
+class DashboardCallback(Callback):
+    """Send trial updates and results to the dashboard with ``client.log_event``.
+
+    Updates are batched: a flush happens in :meth:`on_step_end` at most every
+    ``flush_interval`` seconds, and once more in :meth:`on_experiment_end`. A flush sends
+    the experiment summary (when it changed), full records of the trials that changed,
+    and the new values of ``experiment_info["metric"]``.
+
+    ``experiment_info`` keys: ``name``, ``storage`` (a URI; credentials are stripped),
+    ``searcher``, ``scheduler`` (objects or names), ``metric``, ``mode`` (``"min"`` or
+    ``"max"``), optionally ``experiment_id`` (default: the name plus a random suffix) and
+    ``start_time``. Config keys that look secret are masked before anything is sent.
+
+    The dashboard is best-effort: a failed send is logged and dropped, never raised into
+    the tuning loop.
+    """
+
+    def __init__(self, client: Client, experiment_info: dict[str, Any], *,
+                 flush_interval: float = 0.5):
+        if not callable(getattr(client, "log_event", None)):
+            raise TypeError(f"DashboardCallback needs a distributed.Client, got "
+                            f"{type(client).__name__}")
+        if not isinstance(experiment_info, dict):
+            raise TypeError(f"experiment_info must be a dict, got "
+                            f"{type(experiment_info).__name__}")
+        check_metric_mode(experiment_info.get("metric"), experiment_info.get("mode"))
+        if not isinstance(flush_interval, (int, float)) or flush_interval < 0:
+            raise ValueError(f"flush_interval must be a number >= 0, got {flush_interval!r}")
+        self.client = client
+        self.info = dict(experiment_info)
+        self.info.setdefault("start_time", time.time())
+        name = str(self.info.get("name") or "experiment")
+        self.experiment_id = str(self.info.get("experiment_id")
+                                 or f"{name}-{uuid.uuid4().hex[:8]}")
+        self.metric: str | None = self.info.get("metric")
+        self.mode: str | None = self.info.get("mode")
+        self.flush_interval = float(flush_interval)
+        self._status = RUNNING
+        self._end_time: float | None = None
+        self._info_dirty = True
+        self._dirty: dict[str, Trial] = {}
+        self._sent: dict[str, tuple[Any, ...]] = {}  # trial id -> signature last sent
+        self._points: list[list[Any]] = []
+        self._last_flush = float("-inf")
+        self._warned = False
+
+    # ----------------------------------------------------------------- hooks
+    def setup(self, stop: Any = None, num_samples: int | None = None,
+              total_num_samples: int | None = None, **info: Any) -> None:
+        self.flush()
+
+    def on_step_end(self, iteration: int, trials: list[Trial], **info: Any) -> None:
+        # Catch trials whose state changed without a hook (e.g. new PENDING trials).
+        for trial in trials:
+            if self._sent.get(trial.trial_id) != _signature(trial):
+                self._dirty[trial.trial_id] = trial
+        if time.monotonic() - self._last_flush >= self.flush_interval:
+            self.flush()
+
+    def on_trial_start(self, iteration: int, trials: list[Trial], trial: Trial,
+                       **info: Any) -> None:
+        self._dirty[trial.trial_id] = trial
+
+    on_trial_restore = on_trial_save = on_trial_complete = on_trial_start
+    on_trial_error = on_trial_recover = on_trial_start
+
+    def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial,
+                        result: dict[str, Any], **info: Any) -> None:
+        self._dirty[trial.trial_id] = trial
+        t = result.get("timestamp")
+        point = result_point(trial.trial_id, result, self.metric,
+                             t if isinstance(t, (int, float)) else time.time())
+        if point is not None:
+            self._points.append(point)
+            if len(self._points) >= _MAX_BUFFERED_POINTS:
+                self.flush()
+
+    def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
+        self._status = FINISHED
+        self._end_time = time.time()
+        self._info_dirty = True
+        for trial in trials:
+            self._dirty[trial.trial_id] = trial
+        self.flush()
+
+    # ----------------------------------------------------------------- sending
+    def flush(self) -> None:
+        """Send what changed since the last flush, now."""
+        self._last_flush = time.monotonic()
+        messages = []
+        if self._info_dirty:
+            messages.append(experiment_message(self.experiment_id, self.info,
+                                               status=self._status, end_time=self._end_time))
+        if self._dirty:
+            records = [trial_record(t, self.metric, self.mode) for t in self._dirty.values()]
+            messages.append({"type": TRIALS, "experiment_id": self.experiment_id,
+                             "trials": records})
+        if self._points:
+            messages.append({"type": RESULTS, "experiment_id": self.experiment_id,
+                             "points": self._points})
+        sent = {tid: _signature(t) for tid, t in self._dirty.items()}
+        self._info_dirty, self._dirty, self._points = False, {}, []
+        try:
+            for msg in messages:
+                pending = self.client.log_event(TOPIC, msg)
+                if inspect.isawaitable(pending):  # an asynchronous client: don't block the loop
+                    asyncio.ensure_future(pending)
+        except Exception as exc:  # noqa: BLE001 - the dashboard must never stop a run
+            self._info_dirty = self._info_dirty or messages[0]["type"] == EXPERIMENT
+            if not self._warned:
+                logger.warning("dasktune dashboard: could not send updates (%s: %s); "
+                               "the page may lag", type(exc).__name__, exc)
+                self._warned = True
+            return
+        self._sent.update(sent)
+
+
+def _signature(trial: Trial) -> tuple[Any, ...]:
+    """What the page shows of a trial changes only if one of these changes."""
+    placement = trial.placements[-1] if trial.placements else None
+    return (trial.status, trial.last_result.get("training_iteration"), trial.num_restarts,
+            trial.num_failures, len(trial.placements),
+            None if placement is None else (placement.end, placement.outcome))

@@ -1,0 +1,151 @@
+"""The scheduler side: a plugin that mounts ``/dasktune`` into Dask's own dashboard.
+
+On ``start`` it builds a Bokeh application for ``/dasktune`` (Dask's
+``BokehApplication``, so the page gets Dask's template, theme and prefix), adds it and
+the JSON endpoints to ``scheduler.http_application``, and adds "Dasktune" to the
+navigation bar of Dask's pages. It then keeps a :class:`DashboardState` fed from the
+``"dasktune"`` events that :class:`~dasktune.dashboard.DashboardCallback` logs.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import TYPE_CHECKING, Any
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from dasktune.dashboard._messages import TOPIC
+from dasktune.dashboard._state import DashboardState
+
+if TYPE_CHECKING:
+    from distributed import Client, Scheduler
+
+logger = logging.getLogger(__name__)
+
+PLUGIN_NAME = "dasktune-dashboard"
+PAGE = "dasktune"
+_MARK = "_dasktune_dashboard"
+
+
+class DasktuneDashboardPlugin(SchedulerPlugin):
+    """Serve the dasktune page and JSON endpoints from the scheduler's dashboard.
+
+    Registering it twice is a no-op (``idempotent``), so every Tuner on a cluster can
+    register it and all their experiments appear on the one page. State lives on the
+    scheduler, bounded by ``max_points`` per trial and ``max_experiments``.
+    """
+
+    name = PLUGIN_NAME
+    idempotent = True
+
+    def __init__(self, *, max_points: int = 2000, max_experiments: int = 50):
+        DashboardState(max_points=max_points, max_experiments=max_experiments)  # validate
+        self.max_points = max_points
+        self.max_experiments = max_experiments
+        self.state: DashboardState | None = None
+        self.scheduler: Scheduler | None = None
+        self._bokeh_app: Any = None
+        self._nav_pages: list[str] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Travels to the scheduler before start(): only the settings.
+        return {"max_points": self.max_points, "max_experiments": self.max_experiments}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)
+
+    async def start(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self.state = DashboardState(max_points=self.max_points,
+                                    max_experiments=self.max_experiments)
+        # Experiments that began before the plugin arrived: replay what the event log kept.
+        for _, msg in scheduler.get_events(TOPIC):
+            self.log_event(TOPIC, msg)
+        if getattr(scheduler, "http_application", None) is not None:
+            self._mount(scheduler)
+
+    def _mount(self, scheduler: Scheduler) -> None:
+        from tornado.ioloop import IOLoop
+
+        from dasktune.dashboard._api import api_routes
+
+        try:
+            from distributed.dashboard.core import BokehApplication
+            from distributed.dashboard.scheduler import template_variables
+
+            from dasktune.dashboard._page import dasktune_doc
+        except ImportError as exc:  # no (compatible) Bokeh: JSON only
+            logger.warning("dasktune dashboard page disabled (%s); JSON endpoints only", exc)
+            scheduler.http_application.add_handlers(r".*", api_routes(self.state, "/"))
+            return
+        # Dask's unregister_scheduler_plugin does not call close(): drop a page an earlier
+        # instance mounted, or it would keep answering with its stale state.
+        applications = scheduler.http_application.applications
+        applications[:] = [a for a in applications if not getattr(a, _MARK, False)]
+        prefix = _dashboard_prefix(scheduler)
+        variables = template_variables(scheduler)
+        app = BokehApplication({f"/{PAGE}": functools.partial(dasktune_doc, self.state)},
+                               scheduler, prefix=prefix, template_variables=variables)
+        app.add_handlers(r".*", api_routes(self.state, prefix))
+        setattr(app, _MARK, True)
+        scheduler.http_application.add_application(app)
+        app.initialize(IOLoop.current())
+        app.start()
+        self._bokeh_app = app
+        # Dask's pages share this (memoized) list, so the link shows on every page.
+        pages = variables.get("pages")
+        if isinstance(pages, list) and PAGE not in pages:
+            pages.append(PAGE)
+            self._nav_pages = pages
+
+    def log_event(self, topic: str, msg: Any) -> None:
+        if topic != TOPIC or self.state is None:
+            return
+        try:
+            self.state.apply(msg)
+        except ValueError as exc:
+            logger.warning("dasktune dashboard: ignored a bad message: %s", exc)
+
+    async def close(self) -> None:
+        app, self._bokeh_app = self._bokeh_app, None
+        if app is not None:
+            app.stop(wait=False)
+            applications = getattr(self.scheduler.http_application, "applications", [])
+            if app in applications:
+                applications.remove(app)
+        if self._nav_pages is not None and PAGE in self._nav_pages:
+            self._nav_pages.remove(PAGE)
+        self._nav_pages = None
+
+
+def _dashboard_prefix(scheduler: Scheduler) -> str:
+    """The URL prefix of Dask's own Bokeh pages (``http_prefix``), default ``/``."""
+    from bokeh.server.tornado import BokehTornado
+
+    for app in getattr(scheduler.http_application, "applications", []):
+        if isinstance(app, BokehTornado) and app.prefix:
+            return app.prefix
+    return "/"
+
+
+def register_dashboard(client: Client, **plugin_options: Any) -> str:
+    """Install the dasktune page on ``client``'s scheduler (once) and return its URL.
+
+    ``plugin_options`` go to :class:`DasktuneDashboardPlugin` the first time only.
+    """
+    if not callable(getattr(client, "register_plugin", None)):
+        raise TypeError(f"register_dashboard needs a distributed.Client, got "
+                        f"{type(client).__name__}")
+    client.register_plugin(DasktuneDashboardPlugin(**plugin_options), name=PLUGIN_NAME)
+    return page_url(client.dashboard_link)
+
+
+def page_url(dashboard_link: str | None) -> str | None:
+    """``.../status`` (Dask's dashboard link) -> ``.../dasktune``."""
+    if not dashboard_link:
+        return None
+    base = dashboard_link.split("?", 1)[0].rstrip("/")
+    if base.endswith("/status"):
+        base = base[: -len("/status")]
+    return f"{base}/{PAGE}"

@@ -1,0 +1,199 @@
+"""What the dashboard knows: a bounded store of experiments fed by messages.
+
+:class:`DashboardState` is pure data (no Bokeh, no Dask). The scheduler plugin feeds it
+live messages; the static server feeds it messages rebuilt from storage. Pages and JSON
+handlers only read it. Memory stays bounded: at most ``max_points`` points per trial
+(older points are thinned by half when the cap is hit) and ``max_experiments``
+experiments (the oldest finished ones are dropped first).
+
+All methods take a lock, so readers on another thread see consistent snapshots.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from dasktune.dashboard._messages import (
+    EXPERIMENT,
+    FINISHED,
+    RESULTS,
+    TRIALS,
+)
+
+_INFO_KEYS = ("name", "storage", "searcher", "scheduler", "metric", "mode", "start_time",
+              "end_time", "status")
+
+
+@dataclass
+class ExperimentView:
+    """Everything known about one experiment; ``version`` grows on every change."""
+
+    experiment_id: str
+    info: dict[str, Any] = field(default_factory=dict)
+    trials: dict[str, dict[str, Any]] = field(default_factory=dict)
+    points: dict[str, list[list[float]]] = field(default_factory=dict)  # [iteration, value, t]
+    best_so_far: list[list[Any]] = field(default_factory=list)  # [t, value, trial_id]
+    version: int = 0
+    received: float = field(default_factory=time.time)
+
+    @property
+    def mode(self) -> str | None:
+        return self.info.get("mode")
+
+    def better(self, a: float, b: float | None) -> bool:
+        """Whether value ``a`` beats ``b`` under the experiment's mode."""
+        if b is None:
+            return True
+        return a > b if self.mode == "max" else a < b
+
+    def best_trial_id(self) -> str | None:
+        """The trial with the best ``best`` value, if the experiment has a mode."""
+        if self.mode is None:
+            return None
+        best_id, best = None, None
+        for trial_id, record in self.trials.items():
+            value = record.get("best")
+            if value is not None and self.better(value, best):
+                best_id, best = trial_id, value
+        return best_id
+
+    def summary(self) -> dict[str, Any]:
+        by_status = Counter(r.get("status") for r in self.trials.values())
+        start, end = self.info.get("start_time"), self.info.get("end_time")
+        elapsed = None
+        if start is not None:
+            elapsed = max(0.0, (end if end is not None else time.time()) - start)
+        best_id = self.best_trial_id()
+        return {
+            "experiment_id": self.experiment_id,
+            **{k: self.info.get(k) for k in _INFO_KEYS},
+            "num_trials": len(self.trials),
+            "trials_by_status": dict(sorted(by_status.items())),
+            "elapsed_s": elapsed,
+            "best_trial_id": best_id,
+            "best_value": self.trials[best_id]["best"] if best_id else None,
+        }
+
+
+class DashboardState:
+    """The experiments one dashboard shows, updated by :meth:`apply`."""
+
+    def __init__(self, *, max_points: int = 2000, max_experiments: int = 50):
+        if max_points < 4:
+            raise ValueError(f"max_points must be at least 4, got {max_points!r}")
+        if max_experiments < 1:
+            raise ValueError(f"max_experiments must be at least 1, got {max_experiments!r}")
+        self.max_points = int(max_points)
+        self.max_experiments = int(max_experiments)
+        self._experiments: dict[str, ExperimentView] = {}
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------------ writes
+    def apply(self, msg: Any) -> None:
+        """Take one message (see :mod:`dasktune.dashboard._messages`); bad ones raise ValueError."""
+        if not isinstance(msg, dict):
+            raise ValueError(f"dasktune dashboard message must be a dict, got {type(msg).__name__}")
+        kind, experiment_id = msg.get("type"), msg.get("experiment_id")
+        if not isinstance(experiment_id, str) or not experiment_id:
+            raise ValueError(f"dasktune dashboard message without experiment_id: {kind!r}")
+        with self._lock:
+            view = self._view(experiment_id)
+            if kind == EXPERIMENT:
+                view.info.update({k: msg.get(k) for k in _INFO_KEYS if k in msg})
+            elif kind == TRIALS:
+                self._apply_trials(view, msg.get("trials"))
+            elif kind == RESULTS:
+                self._apply_points(view, msg.get("points"))
+            else:
+                raise ValueError(f"unknown dasktune dashboard message type {kind!r}")
+            view.version += 1
+
+    def _view(self, experiment_id: str) -> ExperimentView:
+        view = self._experiments.get(experiment_id)
+        if view is None:
+            view = self._experiments[experiment_id] = ExperimentView(experiment_id)
+            self._evict()
+        return view
+
+    def _evict(self) -> None:
+        while len(self._experiments) > self.max_experiments:
+            finished = [v for v in self._experiments.values()
+                        if v.info.get("status") == FINISHED]
+            victim = min(finished or self._experiments.values(), key=lambda v: v.received)
+            del self._experiments[victim.experiment_id]
+
+    @staticmethod
+    def _apply_trials(view: ExperimentView, trials: Any) -> None:
+        if not isinstance(trials, (list, tuple)):  # msgpack hands lists over as tuples
+            raise ValueError("dasktune 'trials' message needs a list under 'trials'")
+        for record in trials:
+            if not isinstance(record, dict) or not isinstance(record.get("trial_id"), str):
+                raise ValueError(f"dasktune trial record without a trial_id: {record!r:.100}")
+            view.trials[record["trial_id"]] = record
+
+    def _apply_points(self, view: ExperimentView, points: Any) -> None:
+        if not isinstance(points, (list, tuple)):
+            raise ValueError("dasktune 'results' message needs a list under 'points'")
+        best = view.best_so_far[-1][1] if view.best_so_far else None
+        for point in points:
+            if not (isinstance(point, (list, tuple)) and len(point) == 4):
+                raise ValueError(f"dasktune result point must be [trial, iter, value, t]: "
+                                 f"{point!r:.100}")
+            trial_id, iteration, value, t = point
+            if not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                       for x in (iteration, value, t)):
+                raise ValueError(f"dasktune result point needs numbers: {point!r:.100}")
+            series = view.points.setdefault(str(trial_id), [])
+            # A trial restored from a checkpoint reports its iterations again: the curve
+            # follows the attempt that counts, so drop the tail it replaces.
+            while series and series[-1][0] >= iteration:
+                series.pop()
+            series.append([iteration, value, t])
+            if len(series) > self.max_points:
+                series[:] = series[:-1:2] + series[-1:]
+            if view.mode is not None and view.better(value, best):
+                best = value
+                view.best_so_far.append([t, value, str(trial_id)])
+                if len(view.best_so_far) > self.max_points:
+                    view.best_so_far[:] = view.best_so_far[:-1:2] + view.best_so_far[-1:]
+
+    # ------------------------------------------------------------------- reads
+    def experiment_ids(self) -> list[str]:
+        """Ids, newest first (by start time, else by arrival)."""
+        with self._lock:
+            views = list(self._experiments.values())
+        views.sort(key=lambda v: v.info.get("start_time") or v.received, reverse=True)
+        return [v.experiment_id for v in views]
+
+    def version(self, experiment_id: str | None) -> int:
+        with self._lock:
+            view = self._experiments.get(experiment_id) if experiment_id else None
+            return -1 if view is None else view.version
+
+    def snapshot(self, experiment_id: str) -> ExperimentView | None:
+        """A deep copy of one experiment, safe to read without the lock."""
+        with self._lock:
+            view = self._experiments.get(experiment_id)
+            return None if view is None else copy.deepcopy(view)
+
+    def experiments(self) -> list[dict[str, Any]]:
+        """Summaries of every experiment, newest first (the ``/api/experiments`` payload)."""
+        with self._lock:
+            return [self._experiments[i].summary() for i in self.experiment_ids()]
+
+    def trials(self, experiment_id: str, *, points: bool = False) -> list[dict[str, Any]]:
+        """Trial records of one experiment; with ``points``, each gets its metric curve."""
+        with self._lock:
+            view = self._experiments.get(experiment_id)
+            if view is None:
+                raise KeyError(experiment_id)
+            records = copy.deepcopy(list(view.trials.values()))
+            if points:
+                for record in records:
+                    record["points"] = copy.deepcopy(view.points.get(record["trial_id"], []))
+            return records

@@ -1,0 +1,249 @@
+"""The two search contracts: :class:`Searcher` (Ray's) and :class:`SearchAlgorithm`.
+
+A :class:`Searcher` suggests one config per trial id and learns from results; it knows nothing
+about trial ids' format, counts or grids. A :class:`SearchAlgorithm` is what the driver loop
+drives: it makes trial ids and experiment tags, knows when the search is finished, and wraps a
+Searcher through :class:`~dasktune.search.SearchGenerator`.
+
+Both are pure deciders: no Dask, no storage. The driver calls them from one thread; they are
+not thread safe. Their ``get_state()`` returns a picklable dict (the driver pickles it), and
+``set_state()`` on a freshly built object continues the search where it stopped.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pickle
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import cloudpickle
+
+__all__ = ["SearchAlgorithm", "Searcher", "Suggestion"]
+
+_STATE_FILE = "searcher-state-{}.pkl"  # Ray's file name, so a Ray user finds it
+_UID = re.compile(r"^[0-9a-f]{8}$")
+
+
+def check_metric_mode(metric: Any, mode: Any, where: str) -> None:
+    """Raise ValueError unless metric/mode are None, a str and "min"/"max", or equal-length lists."""
+    modes = mode if isinstance(mode, (list, tuple)) else [mode]
+    for m in modes:
+        if m not in (None, "min", "max"):
+            raise ValueError(f"{where}: mode must be 'min' or 'max', got {m!r}")
+    if metric is None or mode is None:
+        return
+    if isinstance(metric, (list, tuple)) != isinstance(mode, (list, tuple)) or (
+        isinstance(mode, (list, tuple)) and len(metric) != len(mode)
+    ):
+        raise ValueError(
+            f"{where}: metric and mode must both be strings, or lists of the same length, got "
+            f"metric={metric!r} mode={mode!r}"
+        )
+
+
+class Searcher:
+    """Suggests configs and learns from results (Ray's ``ray.tune.search.Searcher``).
+
+    Subclasses override :meth:`suggest` and usually :meth:`on_trial_complete`,
+    :meth:`get_state` and :meth:`set_state`. Every hook is called by one thread.
+    ``metric`` and ``mode`` may be lists for multi-objective searchers.
+    """
+
+    FINISHED = "FINISHED"
+
+    def __init__(self, metric: str | list[str] | None = None, mode: str | list[str] | None = None):
+        check_metric_mode(metric, mode, type(self).__name__)
+        self._metric = metric
+        self._mode = mode
+
+    @property
+    def metric(self) -> str | list[str] | None:
+        """The metric to optimize, or None until set."""
+        return self._metric
+
+    @property
+    def mode(self) -> str | list[str] | None:
+        """``"min"`` or ``"max"`` (or a list of them), or None until set."""
+        return self._mode
+
+    def set_search_properties(
+        self, metric: str | list[str] | None, mode: str | list[str] | None, config: dict, **spec
+    ) -> bool:
+        """Take metric, mode and the param space from ``TuneConfig``/``Tuner``.
+
+        Fills in metric/mode where this searcher has none; returns False when it already has
+        a different one (or, in subclasses, already has its own search space).
+        ``spec`` carries extra keywords such as ``num_samples``; unknown ones are ignored.
+        """
+        check_metric_mode(metric, mode, type(self).__name__)
+        if metric is not None and self._metric is not None and metric != self._metric:
+            return False
+        if mode is not None and self._mode is not None and mode != self._mode:
+            return False
+        if metric is not None:
+            self._metric = metric
+        if mode is not None:
+            self._mode = mode
+        return True
+
+    def set_max_concurrency(self, max_concurrent: int) -> bool:
+        """Return True if this searcher limits concurrency itself (ConcurrencyLimiter then
+        only forwards)."""
+        return False
+
+    def suggest(self, trial_id: str) -> dict | None | str:
+        """A config for ``trial_id``, None for "not now", or :attr:`FINISHED` for "no more"."""
+        raise NotImplementedError
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        """An intermediate result of a running trial."""
+
+    def on_trial_complete(
+        self, trial_id: str, result: dict | None = None, error: bool = False
+    ) -> None:
+        """The trial ended: ``result`` is its last result, ``error`` whether it failed."""
+
+    def add_evaluated_point(
+        self,
+        parameters: dict,
+        value: float | list[float],
+        error: bool = False,
+        pruned: bool = False,
+        intermediate_values: list[float] | None = None,
+    ) -> None:
+        """Tell the searcher about a point evaluated outside this experiment."""
+        raise NotImplementedError(f"{type(self).__name__} does not take evaluated points")
+
+    def get_state(self) -> dict:
+        """A picklable dict from which :meth:`set_state` continues the search."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement get_state")
+
+    def set_state(self, state: dict) -> None:
+        """Continue from a :meth:`get_state` dict."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement set_state")
+
+    def save(self, checkpoint_path: str) -> None:
+        """Pickle (cloudpickle) :meth:`get_state` to ``checkpoint_path`` (written atomically)."""
+        tmp = f"{checkpoint_path}.tmp-{uuid.uuid4().hex[:8]}"
+        with open(tmp, "wb") as f:
+            cloudpickle.dump(self.get_state(), f)  # lambdas in a searcher's state survive
+        os.replace(tmp, checkpoint_path)
+
+    def restore(self, checkpoint_path: str) -> None:
+        """Load a file written by :meth:`save`."""
+        with open(checkpoint_path, "rb") as f:
+            self.set_state(pickle.load(f))
+
+    def save_to_dir(self, checkpoint_dir: str, session_str: str = "default") -> None:
+        """Save to ``checkpoint_dir/searcher-state-<session_str>.pkl`` (Ray's file name)."""
+        os.makedirs(checkpoint_dir, exist_ok=True)
+        self.save(os.path.join(checkpoint_dir, _STATE_FILE.format(session_str)))
+
+    def restore_from_dir(self, checkpoint_dir: str) -> None:
+        """Restore from the newest ``searcher-state-*.pkl`` in ``checkpoint_dir``."""
+        paths = glob.glob(os.path.join(glob.escape(checkpoint_dir), _STATE_FILE.format("*")))
+        if not paths:
+            raise RuntimeError(
+                f"{type(self).__name__} found no searcher-state-*.pkl in {checkpoint_dir!r}"
+            )
+        self.restore(max(paths, key=lambda p: (os.path.getmtime(p), p)))
+
+
+@dataclass
+class Suggestion:
+    """A new trial to start: its id, its resolved config, and Ray's experiment tag."""
+
+    trial_id: str
+    config: dict
+    experiment_tag: str
+
+
+class SearchAlgorithm:
+    """What the driver loop drives: makes trials until :meth:`is_finished`.
+
+    Trial ids are ``f"{experiment_uid}_{counter:05d}"``; ``experiment_uid`` (8 hex digits)
+    comes from the constructor or the ``experiment_uid`` keyword of
+    :meth:`set_search_properties`, else it is random. The counter starts at 0 and also
+    opens the experiment tag (``"3_lr=0.01,layers=2"``).
+    """
+
+    def __init__(self, *, experiment_uid: str | None = None) -> None:
+        self._experiment_uid = _check_uid(experiment_uid) if experiment_uid else _new_uid()
+        self._counter = 0
+        self._finished = False
+
+    @property
+    def experiment_uid(self) -> str:
+        """The 8-hex prefix of this experiment's trial ids."""
+        return self._experiment_uid
+
+    def set_search_properties(
+        self, metric: str | list[str] | None, mode: str | list[str] | None, config: dict, **spec
+    ) -> bool:
+        """Take metric, mode, the param space and ``num_samples``/``experiment_uid``."""
+        if spec.get("experiment_uid"):
+            self._experiment_uid = _check_uid(spec["experiment_uid"])
+        return True
+
+    def next_trial(self) -> Suggestion | None:
+        """The next trial, or None if there is none right now (see :meth:`is_finished`)."""
+        raise NotImplementedError
+
+    def is_finished(self) -> bool:
+        """True once no more trials will come."""
+        return self._finished
+
+    @property
+    def total_samples(self) -> int | None:
+        """How many trials this search makes in all, or None if unknown or unbounded."""
+        return None
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        """An intermediate result of a running trial."""
+
+    def on_trial_complete(
+        self, trial_id: str, result: dict | None = None, error: bool = False
+    ) -> None:
+        """A trial ended."""
+
+    def get_state(self) -> dict:
+        """A picklable dict from which :meth:`set_state` continues (no repeated trial ids)."""
+        return {
+            "experiment_uid": self._experiment_uid,
+            "counter": self._counter,
+            "finished": self._finished,
+        }
+
+    def set_state(self, state: dict) -> None:
+        """Continue from a :meth:`get_state` dict."""
+        self._experiment_uid = state["experiment_uid"]
+        self._counter = state["counter"]
+        self._finished = state["finished"]
+
+    def _trial_id(self) -> str:
+        return f"{self._experiment_uid}_{self._counter:05d}"
+
+
+def _new_uid() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+def _check_uid(uid: Any) -> str:
+    if not isinstance(uid, str) or not _UID.match(uid):
+        raise ValueError(f"experiment_uid must be 8 lowercase hex digits, got {uid!r}")
+    return uid
+
+
+def check_num_samples(num_samples: Any, where: str) -> int | None:
+    """Validate ``num_samples``: an int >= 1, or -1 for unbounded (returned as None)."""
+    if not isinstance(num_samples, int) or isinstance(num_samples, bool):
+        raise TypeError(f"{where}: num_samples must be an int, got {num_samples!r}")
+    if num_samples == -1:
+        return None
+    if num_samples < 1:
+        raise ValueError(f"{where}: num_samples must be >= 1 (or -1 for unbounded), got {num_samples}")
+    return num_samples

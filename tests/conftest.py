@@ -1,0 +1,123 @@
+"""Shared fixtures: the embedded cluster, and real ``dask scheduler``/``dask worker`` processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+import dasktune
+
+os.environ.setdefault("DASK_DISTRIBUTED__ADMIN__TICK__LIMIT", "30s")
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.05,
+             what: str = "condition") -> object:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def local_client() -> Iterator[object]:
+    """The embedded cluster (2 worker processes), shared by the tests that use it."""
+    client = dasktune.init(num_cpus=2, dashboard_address="127.0.0.1:0")
+    yield client
+    dasktune.shutdown()
+
+
+@pytest.fixture
+def storage_path(tmp_path) -> str:
+    return str(tmp_path / "results")
+
+
+@dataclass
+class DaskProcesses:
+    """A real scheduler and workers as separate processes, killed by PID at the end."""
+
+    address: str
+    scheduler: subprocess.Popen
+    workers: list[subprocess.Popen] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    logdir: str = ""
+
+    def add_worker(self, *args: str, nthreads: int = 1, resources: str | None = None,
+                   env: dict[str, str] | None = None) -> subprocess.Popen:
+        cmd = [sys.executable, "-m", "distributed.cli.dask_worker", self.address,
+               "--nthreads", str(nthreads), "--no-dashboard", "--host", "127.0.0.1",
+               "--resources", resources or f"CPU={nthreads}", *args]
+        log = open(os.path.join(self.logdir, f"worker-{len(self.workers)}.log"), "wb")
+        proc = subprocess.Popen(cmd, env={**self.env, **(env or {})}, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        self.workers.append(proc)
+        return proc
+
+    def client(self):
+        from distributed import Client
+
+        return Client(self.address, set_as_default=False, timeout="20s")
+
+    def wait_workers(self, n: int, timeout: float = 60.0) -> None:
+        client = self.client()
+        try:
+            client.wait_for_workers(n, timeout=timeout)
+        finally:
+            client.close()
+
+    def kill_all(self) -> None:
+        for proc in [*self.workers, self.scheduler]:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait(10)
+
+
+@pytest.fixture
+def dask_processes(tmp_path) -> Iterator[Callable[..., DaskProcesses]]:
+    """Factory: start ``dask scheduler`` + ``n`` ``dask worker`` processes on 127.0.0.1."""
+    started: list[DaskProcesses] = []
+
+    def start(n_workers: int = 2, nthreads: int = 1, resources: str | None = None,
+              env: dict[str, str] | None = None) -> DaskProcesses:
+        port = free_port()
+        full_env = {**os.environ, "DASK_DISTRIBUTED__SCHEDULER__WORK_STEALING": "False",
+                    **(env or {})}
+        logdir = tmp_path / f"dask-logs-{len(started)}"
+        logdir.mkdir()
+        log = open(logdir / "scheduler.log", "wb")
+        sched = subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+             "--port", str(port), "--dashboard-address", "127.0.0.1:0"],
+            env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        procs = DaskProcesses(address=f"tcp://127.0.0.1:{port}", scheduler=sched, env=full_env,
+                              logdir=str(logdir))
+        started.append(procs)
+        for _ in range(n_workers):
+            procs.add_worker(nthreads=nthreads, resources=resources)
+        procs.wait_workers(n_workers)
+        return procs
+
+    yield start
+    for procs in started:
+        procs.kill_all()

@@ -1,0 +1,159 @@
+"""AWS provider through moto's EC2 server on 127.0.0.1, with a real scheduler standing in for
+the (unrunnable) moto VMs at the narrowest seam, ``EC2Instance.configure_vm``."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import socket
+
+import pytest
+import yaml
+
+pytest.importorskip("dask_cloudprovider.aws")
+boto3 = pytest.importorskip("boto3")
+moto_server = pytest.importorskip("moto.server")
+
+from dask_cloudprovider.aws import ec2 as cp_ec2  # noqa: E402
+
+from dasktune.cluster import get_provider, parse_cluster_config  # noqa: E402
+
+REGION = "us-west-2"
+
+
+@pytest.fixture
+def moto(monkeypatch, tmp_path):
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    url = f"http://{host}:{port}"
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", url)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    yield boto3.client("ec2", region_name=REGION, endpoint_url=url)
+    server.stop()
+
+
+@pytest.fixture
+def loopback_only(monkeypatch):
+    """Fail any connection from this process that would leave 127.0.0.1."""
+    real = socket.socket.connect
+
+    def connect(self, address):
+        if self.family in (socket.AF_INET, socket.AF_INET6):
+            host = address[0]
+            assert host in ("127.0.0.1", "::1", "localhost"), f"connection to {address}"
+        return real(self, address)
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    """RunInstances parameters as sent, via a botocore event hook on the cluster's session."""
+    calls: list[dict] = []
+    real_get_session = cp_ec2.get_session
+
+    def get_session():
+        session = real_get_session()
+        # Runs after dasktune's MaxPrice hook (provide-client-params) has edited the params.
+        session.register("before-parameter-build.ec2.RunInstances",
+                         lambda params, **kw: calls.append(copy.deepcopy(params)))
+        return session
+
+    monkeypatch.setattr(cp_ec2, "get_session", get_session)
+    return calls
+
+
+def _cluster_file(ec2, security: bool = False) -> dict:
+    with open("cluster/aws-spot.yaml") as f:
+        data = yaml.safe_load(f)
+    ami = ec2.describe_images()["Images"][0]["ImageId"]
+    sg = ec2.describe_security_groups()["SecurityGroups"][0]["GroupId"]
+    for node in data["available_node_types"].values():
+        node["node_config"].update(ImageId=ami, SecurityGroupIds=[sg])
+    data["min_workers"] = data["max_workers"] = 2
+    data["provider"]["security"] = security  # the stand-in scheduler speaks plain tcp
+    return data
+
+
+def _point_vms_at(monkeypatch, port: int | None, on_worker) -> None:
+    """Moto VMs run nothing: report 127.0.0.1 as their IP and start a real worker instead."""
+    real = cp_ec2.EC2Instance.configure_vm
+
+    async def configure_vm(self, client):
+        await real(self, client)  # tags the instance, as on EC2
+        if isinstance(self, cp_ec2.EC2Scheduler):
+            self.port = port or 1  # port 1: nothing ever answers
+        else:
+            on_worker()
+        return "127.0.0.1", None
+
+    monkeypatch.setattr(cp_ec2.EC2Instance, "configure_vm", configure_vm)
+
+
+def _live(ec2) -> list[dict]:
+    return [i for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]
+            if i["State"]["Name"] not in ("terminated", "shutting-down")]
+
+
+def test_up_issues_spot_run_instances_and_down_terminates(
+        moto, captured, loopback_only, monkeypatch, dask_processes):
+    procs = dask_processes(n_workers=1)  # a real scheduler; its first worker is not ours
+    procs.workers.pop().kill()
+    port = int(procs.address.rsplit(":", 1)[1])
+    _point_vms_at(monkeypatch, port, lambda: procs.add_worker(resources="CPU=2"))
+    config = parse_cluster_config(_cluster_file(moto))
+    provider = get_provider(config, name="moto-test")
+
+    state = provider.up(timeout=15)
+    assert state["scheduler_address"] == f"tcp://127.0.0.1:{port}"
+    assert len(provider.workers()) == 2
+
+    workers = [c for c in captured if "InstanceMarketOptions" in c]
+    heads = [c for c in captured if "InstanceMarketOptions" not in c]
+    assert len(workers) == 2 and len(heads) == 1
+    w = workers[0]
+    assert w["InstanceMarketOptions"] == {
+        "MarketType": "spot", "SpotOptions": {"SpotInstanceType": "one-time", "MaxPrice": "1"}}
+    assert w["InstanceType"] == "m5.large" and heads[0]["InstanceType"] == "c5.xlarge"
+    assert w["ImageId"] == config.node_config("worker_nodes").ImageId
+    user_data = w["UserData"]
+    user_data = user_data if "pip install" in user_data else base64.b64decode(user_data).decode()
+    assert "pip install dasktune" in user_data
+
+    live = _live(moto)
+    assert sorted(i["InstanceType"] for i in live) == ["c5.xlarge", "m5.large", "m5.large"]
+    assert sum(i.get("InstanceLifecycle") == "spot" for i in live) == 2
+
+    # `down` from a "new shell": a fresh provider that only knows the name.
+    get_provider(config, name="moto-test").down()
+    assert _live(moto) == []
+    assert not provider.state.exists()
+
+
+def test_failing_up_is_bounded_and_leaves_nothing(moto, loopback_only, monkeypatch):
+    _point_vms_at(monkeypatch, None, lambda: None)
+    config = parse_cluster_config(_cluster_file(moto))
+    provider = get_provider(config, name="moto-fail")
+    with pytest.raises(TimeoutError, match="not up within 3s"):
+        provider.up(timeout=3)
+    assert _live(moto) == []
+    assert not provider.state.exists()
+
+
+def test_down_after_partial_up_cleans_up(moto, loopback_only, monkeypatch):
+    """An `up` killed midway (instances created, no state) is still cleaned by `down`."""
+    data = _cluster_file(moto)
+    node = data["available_node_types"]["worker_nodes"]["node_config"]
+    moto.run_instances(ImageId=node["ImageId"], InstanceType="m5.large", MinCount=1, MaxCount=1,
+                       TagSpecifications=[{"ResourceType": "instance", "Tags": [
+                           {"Key": "dasktune-cluster", "Value": "moto-partial"}]}])
+    provider = get_provider(parse_cluster_config(data), name="moto-partial")
+    assert len(provider.instances()) == 1
+    provider.down()
+    assert _live(moto) == []

@@ -1,0 +1,165 @@
+"""The local provider end to end, each step a separate ``dasktune`` process."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+
+import psutil
+import pytest
+
+from tests.conftest import wait_for
+
+DRIVER = textwrap.dedent("""
+    import argparse, time
+    from distributed import Client
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--n", type=int, default=16)
+    p.add_argument("--address", required=True)
+    args = p.parse_args()
+
+    def trial(i):
+        time.sleep(0.4)
+        return i * i
+
+    with Client(args.address) as client:
+        futures = client.map(trial, range(args.n), retries=3, pure=False)
+        done = 0
+        for f in __import__("distributed").as_completed(futures):
+            done += 1
+            print(f"trial {f.result()} done ({done}/{args.n})", flush=True)
+        print(f"all {done} trials done", flush=True)
+""")
+
+
+def _cli(env, *args, check=True, timeout=60):
+    r = subprocess.run([sys.executable, "-c", "from dasktune.cli import main; main()", *args],
+                       env=env, capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert r.returncode == 0, f"dasktune {' '.join(args)} failed:\n{r.stdout}\n{r.stderr}"
+    return r
+
+
+@pytest.fixture
+def env(tmp_path):
+    return {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "config")}
+
+
+def _state(env, name):
+    path = os.path.join(env["XDG_CONFIG_HOME"], "dasktune", "clusters", f"{name}.json")
+    with open(path) as f:
+        return path, json.load(f)
+
+
+def _alive(pid):
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_up_status_submit_kill_down(env, tmp_path):
+    name = "e2e"
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    pids: list[int] = []
+    try:
+        r = _cli(env, "up", "cluster/local.yaml", "-y", "-n", name)
+        assert "workers joined 2/2" in r.stderr
+        path, state = _state(env, name)
+        pids = [p["pid"] for p in state["processes"]]
+        assert len(pids) == 3 and all(_alive(p) for p in pids)
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+        r = _cli(env, "status", "cluster/local.yaml", "-n", name)
+        assert "address:   tcp://127.0.0.1:" in r.stdout
+        assert "workers:   2" in r.stdout and r.stdout.count("CPU=1") == 2
+        assert "dashboard: http://127.0.0.1:" in r.stdout
+
+        r = _cli(env, "submit", "cluster/local.yaml", str(script), "-n", name, "--detach",
+                 "--", "--n", "16")
+        assert "submitted job-" in r.stdout
+        job = _state(env, name)[1]["jobs"][0]
+        pids.append(job["pid"])
+        assert stat.S_IMODE(os.stat(job["log"]).st_mode) == 0o600
+
+        def logs():
+            return _cli(env, "logs", "cluster/local.yaml", "-n", name).stdout
+
+        wait_for(lambda: "done (1/16)" in logs(), timeout=30, what="the first trial")
+        r = _cli(env, "kill-random-worker", "cluster/local.yaml", "-n", name, "--hard")
+        killed = int(r.stdout.split("PID ")[1].rstrip(")\n"))
+        assert killed in pids and not _alive(killed)
+
+        wait_for(lambda: "all 16 trials done" in logs(), timeout=40, what="every trial")
+        r = _cli(env, "status", "cluster/local.yaml", "-n", name)
+        assert "workers:   1" in r.stdout and "finished" in r.stdout
+
+        _cli(env, "down", "cluster/local.yaml", "-y", "-n", name)
+        assert [p for p in pids if _alive(p)] == []
+        assert not os.path.exists(path)
+        r = _cli(env, "status", "cluster/local.yaml", "-n", name, check=False)
+        assert r.returncode == 1 and r.stderr.startswith("error: cluster 'e2e' is not up")
+        assert "Traceback" not in r.stderr
+    finally:
+        for pid in pids:  # only what this test started
+            if _alive(pid):
+                psutil.Process(pid).kill()
+
+
+def test_graceful_retire_exec_rsync(env, tmp_path):
+    name = "chaos"
+    pids: list[int] = []
+    try:
+        _cli(env, "up", "cluster/local.yaml", "-y", "-n", name)
+        pids = [p["pid"] for p in _state(env, name)[1]["processes"]]
+        src = tmp_path / "payload.txt"
+        src.write_text("hello")
+        r = _cli(env, "rsync-up", "cluster/local.yaml", str(src), str(tmp_path / "out" / "p.txt"),
+                 "-n", name)
+        assert (tmp_path / "out" / "p.txt").read_text() == "hello"
+
+        r = _cli(env, "exec", "cluster/local.yaml", "echo $DASK_SCHEDULER_ADDRESS", "-n", name)
+        assert r.stdout.startswith("tcp://127.0.0.1:")
+
+        r = _cli(env, "kill-random-worker", "cluster/local.yaml", "-n", name)
+        assert r.stdout.startswith("retired tcp://127.0.0.1:")
+        wait_for(lambda: "workers:   1" in _cli(env, "status", "cluster/local.yaml", "-n",
+                                                 name).stdout, timeout=20, what="the retire")
+        r = _cli(env, "dashboard", "cluster/local.yaml", "-n", name)
+        assert r.stdout.startswith("http://127.0.0.1:")
+    finally:
+        _cli(env, "down", "cluster/local.yaml", "-y", "-n", name, check=False)
+        assert [p for p in pids if _alive(p)] == []
+
+
+def test_rsync_down_copies_from_a_uri(env, tmp_path):
+    results = tmp_path / "results" / "exp"
+    results.mkdir(parents=True)
+    (results / "progress.csv").write_text("a,b\n")
+    dst = tmp_path / "local"
+    _cli(env, "rsync-down", "cluster/local.yaml", f"file://{results}", str(dst))
+    assert (dst / "exp" / "progress.csv").read_text() == "a,b\n"
+
+
+def test_every_command_has_help_with_an_example(env):
+    for cmd in ("up", "down", "submit", "exec", "status", "dashboard", "logs",
+                "kill-random-worker", "rsync-up", "rsync-down"):
+        r = _cli(env, cmd, "--help")
+        assert "Example" in r.stdout, cmd
+
+
+def test_errors_are_one_line_unless_verbose(env, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("cluster_name: x\nprovider: {type: local}\nmax_workers: 1\n"
+                   "available_node_types: {head: {}, w: {}}\nhead_node_type: head\nbogus: 1\n")
+    r = _cli(env, "up", str(bad), "-y", check=False)
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [f"error: {bad}: bogus: unknown key"]
+    r = _cli(env, "--verbose", "up", str(bad), "-y", check=False)
+    assert "Traceback" in r.stderr

@@ -1,0 +1,200 @@
+"""Headless Chromium opens the dasktune page while an experiment runs on a real cluster.
+
+Needs Debian's ``chromium`` and the ``playwright`` Python package (never
+``playwright install``). Without them the test skips and says why; with ``CI=true`` a
+missing browser fails instead. The screenshot lands in ``test-artifacts/dashboard.png``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+import re
+import time
+
+import fsspec
+import pytest
+from distributed import Client, LocalCluster
+
+from dasktune.dashboard import DashboardCallback, register_dashboard, serve_static
+from dasktune.trial import Placement, Trial
+
+pytestmark = pytest.mark.timeout(120)
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+ARTIFACTS = pathlib.Path(__file__).resolve().parent.parent / "test-artifacts"
+WAIT_MS = 20_000
+
+CURVES_JS = """([n, best]) => {
+    const doc = window.Bokeh && Bokeh.documents[0];
+    const src = doc && doc.get_model_by_name('dasktune-curves');
+    if (!src || src.data.xs.length !== n) return false;
+    if (!Array.from(src.data.xs).every(xs => xs.length > 0)) return false;
+    const widths = Array.from(src.data.width);
+    const thick = widths.filter(w => w > 2).length;
+    return best === null || (thick === 1 && src.data.trial_id[widths.indexOf(4)] === best);
+}"""
+
+
+@pytest.fixture(scope="module")
+def browser():
+    missing = []
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        missing.append("the playwright package (pip install playwright)")
+    if not os.path.exists(CHROMIUM):
+        missing.append(f"{CHROMIUM} (apt-get install chromium)")
+    if missing:
+        reason = "browser test needs " + " and ".join(missing)
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason + " -- required in CI")
+        pytest.skip(reason)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    page.set_default_timeout(WAIT_MS)
+    yield page
+    page.close()
+
+
+def rows(page):
+    return page.locator(".slick-row")  # Playwright's CSS pierces Bokeh's shadow roots
+
+
+def expect_statuses(page, statuses: dict[str, str]) -> None:
+    """Wait until the table has one row per trial, each showing its status."""
+    from playwright.sync_api import expect
+
+    expect(rows(page)).to_have_count(len(statuses), timeout=WAIT_MS)
+    for trial_id, status in statuses.items():
+        cell = page.locator(".slick-cell.l0", has_text=re.compile(rf"^{re.escape(trial_id)}$"))
+        row = rows(page).filter(has=cell)
+        expect(row.locator(".slick-cell.l1")).to_have_text(status, timeout=WAIT_MS)
+
+
+class Experiment:
+    """Plays the controller: moves real Trial objects and calls the callback's hooks."""
+
+    def __init__(self, client: Client, n_trials: int):
+        self.workers = sorted(client.scheduler_info()["workers"])
+        self.cb = DashboardCallback(client, {
+            "name": "browser-exp", "metric": "loss", "mode": "min",
+            "searcher": "BasicVariantGenerator", "scheduler": "ASHAScheduler",
+            "storage": "s3://user:pass@bucket/results/browser-exp"}, flush_interval=0)
+        self.trials = [Trial(f"t{i}", {"lr": round(0.01 * (i + 1), 3), "layers": i + 1})
+                       for i in range(n_trials)]
+        self.step = 0
+        self.cb.setup(total_num_samples=n_trials)
+        self.cb.on_step_end(self.step, self.trials)
+
+    def start(self, trial: Trial, worker: str) -> None:
+        trial.set_status("RUNNING")
+        trial.attempt += 1
+        trial.placements.append(Placement(trial.attempt, worker, "127.0.0.1", time.time()))
+        self.cb.on_trial_start(self.step, self.trials, trial)
+
+    def end(self, trial: Trial, status: str, outcome: str, reason: str | None = None):
+        trial.placements[-1].end, trial.placements[-1].outcome = time.time(), outcome
+        trial.stop_reason = reason
+        trial.set_status(status)
+        if status == "TERMINATED":
+            self.cb.on_trial_complete(self.step, self.trials, trial)
+
+    def report(self, trial: Trial, iteration: int) -> None:
+        n = int(trial.trial_id[1:])
+        result = {"training_iteration": iteration, "loss": (n + 2) / (iteration + 1) + 0.1 * n}
+        trial.update_last_result(result)
+        self.cb.on_trial_result(self.step, self.trials, trial, result)
+
+    def end_step(self) -> None:
+        self.step += 1
+        self.cb.on_step_end(self.step, self.trials)
+
+
+def test_live_page_in_chromium(browser, page):
+    with LocalCluster(n_workers=2, threads_per_worker=2, processes=False, protocol="tcp://",
+                      host="127.0.0.1", dashboard_address="127.0.0.1:0") as cluster, \
+            Client(cluster) as client:
+        url = register_dashboard(client)
+        exp = Experiment(client, n_trials=4)
+        t0, t1, t2, t3 = exp.trials
+        page.goto(url)
+        expect_statuses(page, {t.trial_id: "PENDING" for t in exp.trials})
+
+        w0, w1 = exp.workers
+        for trial, worker in zip(exp.trials, [w0, w0, w1, w1], strict=True):
+            exp.start(trial, worker)
+        for it in (1, 2, 3):
+            for trial in exp.trials:
+                exp.report(trial, it)
+            exp.end_step()
+        expect_statuses(page, {t.trial_id: "RUNNING" for t in exp.trials})
+        page.wait_for_function(CURVES_JS, arg=[4, None])
+
+        # Worker w1 is lost: its trials restart on w0 from their iteration-2 checkpoints.
+        for trial in (t2, t3):
+            exp.end(trial, "PENDING", "lost")
+            trial.num_restarts += 1
+            exp.cb.on_trial_recover(exp.step, exp.trials, trial)
+        exp.end_step()
+        expect_statuses(page, {t0.trial_id: "RUNNING", t1.trial_id: "RUNNING",
+                               t2.trial_id: "PENDING", t3.trial_id: "PENDING"})
+        for trial in (t2, t3):
+            exp.start(trial, w0)
+            exp.cb.on_trial_restore(exp.step, exp.trials, trial)
+        # The scheduler prunes t1; the others train on.
+        exp.end(t1, "TERMINATED", "stopped", reason="early_stopped")
+        for it in range(3, 9):
+            for trial in (t0, t2, t3):
+                if it > 3 or trial is not t0:
+                    exp.report(trial, it)
+            exp.end_step()
+        for trial in (t0, t2, t3):
+            exp.end(trial, "TERMINATED", "done")
+        exp.end_step()
+        exp.cb.on_experiment_end(exp.trials)
+
+        expect_statuses(page, {t.trial_id: "TERMINATED" for t in exp.trials})
+        page.wait_for_function(CURVES_JS, arg=[4, "t0"])
+        from playwright.sync_api import expect
+        summary = page.locator(".bk-Div").first
+        expect(summary).to_contain_text("FINISHED", timeout=WAIT_MS)
+        expect(summary).to_contain_text("TERMINATED 4", timeout=WAIT_MS)
+        gantt = page.evaluate("""() => {
+            const src = Bokeh.documents[0].get_model_by_name('dasktune-placements');
+            return Array.from(src.data.outcome).map((o, i) => o + ":" + src.data.trial_id[i]);
+        }""")
+        assert sorted(gantt) == ["done:t0", "done:t2", "done:t3", "lost:t2", "lost:t3",
+                                 "stopped:t1"]
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+
+
+def _static_fixture_module():
+    # Loaded by path so the fixture writer is shared whatever pytest's import mode.
+    path = pathlib.Path(__file__).with_name("test_dashboard_static.py")
+    spec = importlib.util.spec_from_file_location("_dashboard_static_fixture", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_static_page_in_chromium(page, tmp_path):
+    root = str(tmp_path / "fixture-exp")
+    _static_fixture_module().write_experiment(fsspec.filesystem("file"), root)
+    server, url = serve_static(root)
+    with server:
+        page.goto(url)
+        expect_statuses(page, {f"{i:05d}": "TERMINATED" for i in range(3)})
+        page.wait_for_function(CURVES_JS, arg=[3, "00000"])

@@ -1,0 +1,94 @@
+"""The dashboard's pure parts: redaction, message building, the bounded state."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from dasktune.dashboard._messages import experiment_message, result_point, trial_record
+from dasktune.dashboard._redact import is_secret_key, jsonable, strip_uri
+from dasktune.dashboard._state import DashboardState
+from dasktune.trial import Placement, Trial
+
+
+def test_secret_keys_and_uris_are_masked():
+    assert is_secret_key("api_key") and is_secret_key("AWS_SECRET_ACCESS_KEY")
+    assert is_secret_key("authToken") and is_secret_key("db-password")
+    assert not is_secret_key("keyboard") and not is_secret_key("lr")
+    config = {"lr": 0.1, "nested": {"password": "hunter2", "url": "s3://AKIA:SK@bucket/x"},
+              "shape": (3, 4), "bad": float("nan"), "obj": object()}
+    safe = jsonable(config)
+    text = json.dumps(safe, allow_nan=False)
+    assert "hunter2" not in text and "AKIA" not in text and "SK@" not in text
+    assert safe["nested"]["password"] == "***"
+    assert safe["shape"] == [3, 4] and safe["bad"] is None
+    assert safe["obj"].startswith("<object")
+    assert strip_uri("gs://user:pw@b/p?token=abc&x=1") == "gs://b/p?token=***&x=1"
+
+
+def test_trial_record_uses_trial_fields():
+    trial = Trial("t1", {"lr": 0.5, "secret": "s"})
+    trial.set_status("RUNNING")
+    trial.placements.append(Placement(1, "tcp://10.0.0.1:1", "h1", 1.0, 2.0, "lost"))
+    trial.placements.append(Placement(2, "tcp://10.0.0.2:1", "h2", 3.0))
+    trial.num_restarts = 1
+    for i, loss in enumerate([0.5, 0.2, 0.3], start=1):
+        trial.update_last_result({"training_iteration": i, "loss": loss})
+    record = trial_record(trial, "loss", "min")
+    assert record["iteration"] == 3 and record["last"] == 0.3 and record["best"] == 0.2
+    assert trial_record(trial, "loss", "max")["best"] == 0.5
+    assert (record["worker"], record["host"], record["restarts"]) == ("tcp://10.0.0.2:1", "h2", 1)
+    assert record["config"] == {"lr": 0.5, "secret": "***"}
+    assert [p["outcome"] for p in record["placements"]] == ["lost", None]
+    assert result_point("t1", {"training_iteration": 2, "loss": 1}, "loss", 5.0) == [
+        "t1", 2, 1.0, 5.0]
+    assert result_point("t1", {"training_iteration": 2, "loss": math.nan}, "loss", 5.0) is None
+    msg = experiment_message("e", {"storage": "s3://a:b@c/d", "searcher": Trial},
+                             status="RUNNING")
+    assert msg["storage"] == "s3://c/d" and msg["searcher"] == "Trial"
+
+
+def test_state_bounds_points_and_tracks_best():
+    state = DashboardState(max_points=100)
+    state.apply({"type": "experiment", "experiment_id": "e", "name": "e", "metric": "m",
+                 "mode": "max", "start_time": 0.0, "status": "RUNNING"})
+    points = [["a", i, float(i), float(i)] for i in range(1, 1001)]
+    state.apply({"type": "results", "experiment_id": "e", "points": points})
+    view = state.snapshot("e")
+    series = view.points["a"]
+    assert len(series) <= 100 and series[0][0] == 1 and series[-1][0] == 1000
+    assert view.best_so_far[-1][:2] == [1000.0, 1000.0] and len(view.best_so_far) <= 100
+    # A restore re-reports iterations: the curve follows the attempt that counts.
+    state.apply({"type": "results", "experiment_id": "e", "points": [["a", 999, -1.0, 2e3]]})
+    assert state.snapshot("e").points["a"][-1] == [999, -1.0, 2e3]
+    assert [e["experiment_id"] for e in state.experiments()] == ["e"]
+
+
+def test_state_evicts_oldest_finished_experiment():
+    state = DashboardState(max_experiments=2)
+    for i, status in enumerate(["FINISHED", "RUNNING", "RUNNING"]):
+        state.apply({"type": "experiment", "experiment_id": f"e{i}", "status": status,
+                     "start_time": float(i)})
+    assert sorted(state.experiment_ids()) == ["e1", "e2"]
+
+
+@pytest.mark.parametrize("msg, match", [
+    ("nope", "must be a dict"),
+    ({"type": "trials"}, "without experiment_id"),
+    ({"type": "what", "experiment_id": "e"}, "unknown .* type 'what'"),
+    ({"type": "trials", "experiment_id": "e", "trials": "x"}, "needs a list"),
+    ({"type": "results", "experiment_id": "e", "points": [["a", 1]]}, r"\[trial, iter"),
+    ({"type": "results", "experiment_id": "e", "points": [["a", "1", 2, 3]]}, "numbers"),
+])
+def test_bad_messages_raise_value_error(msg, match):
+    with pytest.raises(ValueError, match=match):
+        DashboardState().apply(msg)
+
+
+def test_bad_settings_raise():
+    with pytest.raises(ValueError, match="max_points"):
+        DashboardState(max_points=1)
+    with pytest.raises(ValueError, match="max_experiments"):
+        DashboardState(max_experiments=0)

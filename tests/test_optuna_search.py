@@ -1,0 +1,316 @@
+"""OptunaSearch through the Searcher contract, with real Optuna samplers and storages."""
+
+from __future__ import annotations
+
+import importlib.util
+import pickle
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from dasktune import space as sp
+from dasktune.search import ConcurrencyLimiter, Repeater, SearchGenerator
+from dasktune.search.optuna import OptunaSearch
+from dasktune.search.testing import check_searcher
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+SPACE = {"x": sp.uniform(-5, 5), "y": sp.uniform(-5, 5)}
+
+
+def loss(config: dict) -> float:
+    return (config["x"] - 1) ** 2 + (config["y"] + 2) ** 2
+
+
+def run_cycles(searcher, n_trials: int, in_flight: int, space=None, metric="loss", mode="min",
+               objective=None, uid: str = "00000000") -> SearchGenerator:
+    """Drive ``searcher`` like the driver loop does, with ``in_flight`` trials at once."""
+    objective = objective or (lambda c: {"loss": loss(c)})
+    gen = SearchGenerator(searcher, n_trials, experiment_uid=uid)
+    gen.set_search_properties(metric, mode, space if space is not None else {})
+    live = []
+    while not gen.is_finished() or live:
+        while len(live) < in_flight and (s := gen.next_trial()) is not None:
+            live.append(s)
+        if not live:
+            break
+        done = live.pop(0)
+        result = {**objective(done.config), "training_iteration": 1}
+        gen.on_trial_result(done.trial_id, result)
+        gen.on_trial_complete(done.trial_id, result)
+    return gen
+
+
+@pytest.mark.parametrize(
+    "sampler",
+    [
+        None,  # TPE with constant liar
+        optuna.samplers.RandomSampler(seed=0),
+        pytest.param(
+            "cmaes",
+            marks=pytest.mark.skipif(
+                importlib.util.find_spec("cmaes") is None, reason="CmaEsSampler needs cmaes"
+            ),
+        ),
+    ],
+    ids=["tpe", "random", "cmaes"],
+)
+def test_single_objective_samplers_with_trials_in_flight(sampler):
+    if sampler == "cmaes":
+        sampler = optuna.samplers.CmaEsSampler(seed=0, n_startup_trials=3)
+    searcher = OptunaSearch(sampler=sampler, seed=0 if sampler is None else None)
+    run_cycles(searcher, n_trials=24, in_flight=4, space=SPACE)
+    trials = searcher.study.trials
+    assert len(trials) == 24 and all(t.state == TrialState.COMPLETE for t in trials)
+    assert [t.number for t in trials] == list(range(24))
+    assert all(-5 <= t.params["x"] <= 5 for t in trials)
+    assert searcher.study.best_value < loss({"x": 0, "y": 0})  # it learned something
+    assert all(1 in t.intermediate_values for t in trials)  # report(value, step=iteration)
+
+
+def test_default_sampler_is_tpe_with_constant_liar():
+    searcher = OptunaSearch(SPACE, metric="loss", mode="min", seed=3)
+    sampler = searcher.study.sampler
+    assert isinstance(sampler, optuna.samplers.TPESampler) and sampler._constant_liar
+    twin = OptunaSearch(SPACE, metric="loss", mode="min", seed=3)
+    assert twin.suggest("t0") == searcher.suggest("t0")  # seeded
+
+
+def test_nsga2_multi_objective():
+    searcher = OptunaSearch(
+        SPACE, metric=["a", "b"], mode=["min", "max"],
+        sampler=optuna.samplers.NSGAIISampler(seed=0, population_size=6),
+    )
+    run_cycles(searcher, 18, in_flight=3, metric=None, mode=None,
+               objective=lambda c: {"a": c["x"] ** 2, "b": c["y"]})
+    study = searcher.study
+    assert study.directions == [optuna.study.StudyDirection.MINIMIZE,
+                                optuna.study.StudyDirection.MAXIMIZE]
+    assert len(study.trials) == 18 and study.best_trials
+    assert all(len(t.values) == 2 and not t.intermediate_values for t in study.trials)
+
+
+def test_nested_space_constants_and_lists():
+    space = {
+        "model": {"lr": sp.loguniform(1e-4, 1e-1), "name": "mlp"},
+        "layers": [sp.randint(1, 4), 16],
+        "opt": sp.choice(["sgd", "adam"]),
+        "q": sp.qrandint(0, 10, 5),
+        "seed": 7,
+    }
+    searcher = OptunaSearch(space, metric="loss", mode="min", seed=0)
+    config = searcher.suggest("t0")
+    assert config["model"]["name"] == "mlp" and 1e-4 <= config["model"]["lr"] <= 1e-1
+    assert config["layers"][1] == 16 and config["layers"][0] in (1, 2, 3)
+    assert config["opt"] in ("sgd", "adam") and config["q"] in (0, 5, 10) and config["seed"] == 7
+    assert set(searcher.study.trials[0].params) == {"model/lr", "layers/0", "opt", "q"}
+
+
+def test_space_from_param_space_and_optuna_distribution_dict():
+    gen = SearchGenerator(OptunaSearch(seed=0), 2)
+    gen.set_search_properties("loss", "min", {"x": sp.uniform(0, 1), "c": "const"})
+    first = gen.next_trial()
+    assert first.config["c"] == "const"
+    assert first.experiment_tag == f"0_x={first.config['x']:.5g}"  # constants not tagged
+    dists = {"a/b": optuna.distributions.FloatDistribution(0, 1),
+             "k": optuna.distributions.CategoricalDistribution([1, 2])}
+    searcher = OptunaSearch(dists, metric="loss", mode="max")
+    gen = SearchGenerator(searcher, 1)
+    gen.set_search_properties(None, None, {"const": 3})
+    config = gen.next_trial().config
+    assert set(config) == {"a", "k", "const"} and 0 <= config["a"]["b"] <= 1
+
+
+def test_define_by_run_conditional_space():
+    def space(trial):
+        kind = trial.suggest_categorical("kind", ["linear", "tree"])
+        if kind == "tree":
+            trial.suggest_int("depth", 1, 8)
+        else:
+            trial.suggest_float("alpha", 1e-3, 1.0, log=True)
+        return {"fixed": "yes", "nested/key": 1}
+
+    searcher = OptunaSearch(space, metric="score", mode="max", seed=1)
+
+    def objective(c):
+        return {"score": c.get("depth", 0) - c.get("alpha", 0)}
+
+    run_cycles(searcher, 12, in_flight=3, metric=None, mode=None, objective=objective)
+    trials = searcher.study.trials
+    kinds = {t.params["kind"] for t in trials}
+    assert kinds == {"linear", "tree"}
+    for t in trials:
+        assert ("depth" in t.params) == (t.params["kind"] == "tree")
+    config = searcher.suggest("extra")
+    assert config["fixed"] == "yes" and config["nested"] == {"key": 1}
+
+    bad = OptunaSearch(lambda trial: [1], metric="m", mode="min")
+    with pytest.raises(TypeError, match="None or a dict"):
+        bad.suggest("t")
+
+
+def test_complete_fail_pruned_and_intermediate():
+    searcher = OptunaSearch(SPACE, metric="loss", mode="min", seed=0)
+    for tid in ("ok", "err", "stopped"):
+        searcher.suggest(tid)
+    searcher.on_trial_result("ok", {"loss": 3.0, "training_iteration": 1})
+    searcher.on_trial_result("ok", {"loss": 2.0, "training_iteration": 2})
+    searcher.on_trial_result("stopped", {"loss": 9.0, "training_iteration": 1})
+    searcher.on_trial_complete("ok", {"loss": 2.0, "training_iteration": 2})
+    searcher.on_trial_complete("err", None, error=True)
+    searcher.on_trial_complete("stopped", {"loss": 9.0, "__early_stopped__": True})
+    searcher.on_trial_complete("ok", {"loss": 1.0})  # a second completion is ignored
+    searcher.suggest("silent")
+    searcher.on_trial_complete("silent", {})  # no report at all: nothing to tell but FAIL
+    ok, err, stopped, silent = searcher.study.trials
+    assert silent.state == TrialState.FAIL
+    assert ok.state == TrialState.COMPLETE and ok.value == 2.0
+    assert ok.intermediate_values == {1: 3.0, 2: 2.0}
+    assert err.state == TrialState.FAIL
+    assert stopped.state == TrialState.PRUNED and stopped.value == 9.0
+
+
+def test_metric_missing_and_other_errors():
+    searcher = OptunaSearch(SPACE, metric="loss", mode="min")
+    searcher.suggest("t")
+    with pytest.raises(ValueError, match="metric 'loss' is not in the result of trial t"):
+        searcher.on_trial_result("t", {"acc": 1, "training_iteration": 1})
+    with pytest.raises(ValueError, match="'loss'"):
+        searcher.on_trial_complete("t", {"acc": 1})
+    with pytest.raises(ValueError, match="'g'.*grid_search.*GridSampler"):
+        OptunaSearch({"g": sp.grid_search([1, 2])})
+    gen = SearchGenerator(OptunaSearch(SPACE, metric="loss", mode="min"), 1)
+    with pytest.raises(ValueError, match="already instantiated with a search space"):
+        gen.set_search_properties("loss", "min", {"z": sp.uniform(0, 1)})
+    with pytest.raises(ValueError, match="grid_search.*GridSampler"):
+        SearchGenerator(OptunaSearch(), 1).set_search_properties(
+            "loss", "min", {"g": sp.grid_search([1])}
+        )
+    with pytest.raises(RuntimeError, match="metric and mode"):
+        OptunaSearch(SPACE).suggest("t")
+    with pytest.raises(RuntimeError, match="no search space"):
+        OptunaSearch(metric="m", mode="min").suggest("t")
+    with pytest.raises(ValueError, match="no search space"):
+        SearchGenerator(OptunaSearch(), 1).set_search_properties("m", "min", {"const": 1})
+    with pytest.raises(ValueError, match="evaluated_rewards"):
+        OptunaSearch(SPACE, evaluated_rewards=[1.0])
+
+
+def test_grid_sampler_instead_of_grid_search():
+    grid = optuna.samplers.GridSampler({"x": [-1.0, 0.0, 1.0], "y": [0.0]})
+    searcher = OptunaSearch(SPACE, metric="loss", mode="min", sampler=grid)
+    gen = run_cycles(searcher, 10, in_flight=2)  # the grid ends the search after 3
+    assert sorted(t.params["x"] for t in searcher.study.trials) == [-1.0, 0.0, 1.0]
+    assert gen.is_finished()
+
+
+def test_points_to_evaluate_and_evaluated_rewards():
+    points = [{"x": 1.0, "y": -2.0}, {"x": 0.0, "y": 0.0}]
+    searcher = OptunaSearch(SPACE, metric="loss", mode="min", points_to_evaluate=points)
+    assert searcher.suggest("a") == points[0] and searcher.suggest("b") == points[1]
+    warm = OptunaSearch(SPACE, "loss", "min", points_to_evaluate=points,
+                        evaluated_rewards=[0.0, 5.0])
+    trials = warm.study.trials
+    assert [t.value for t in trials] == [0.0, 5.0] and warm.study.best_params == points[0]
+    with pytest.raises(ValueError, match="'z' not in the search space"):
+        OptunaSearch(SPACE, "loss", "min", points_to_evaluate=[{"z": 1}]).suggest("t")
+    with pytest.raises(TypeError, match="define-by-run"):
+        OptunaSearch(lambda t: None, "loss", "min").add_evaluated_point({"x": 1}, 1.0)
+
+
+def _half_then_restore(make_searcher, tmp_path):
+    first = make_searcher()
+    gen = SearchGenerator(first, 10, experiment_uid="aaaaaaaa")
+    gen.set_search_properties("loss", "min", {})
+    started = [gen.next_trial() for _ in range(5)]
+    for s in started[:3]:
+        gen.on_trial_complete(s.trial_id, {"loss": loss(s.config)})
+    path = tmp_path / "state.pkl"
+    path.write_bytes(pickle.dumps(gen.get_state()))
+    # a new process: build everything again, then restore
+    second = make_searcher()
+    gen2 = SearchGenerator(second, 10)
+    gen2.set_search_properties("loss", "min", {})
+    gen2.set_state(pickle.loads(path.read_bytes()))
+    for s in started[3:]:  # trials in flight at save time finish after the restore
+        gen2.on_trial_result(s.trial_id, {"loss": 1.0, "training_iteration": 1})
+        gen2.on_trial_complete(s.trial_id, {"loss": loss(s.config)})
+    rest = []
+    while (s := gen2.next_trial()) is not None:
+        rest.append(s)
+        gen2.on_trial_complete(s.trial_id, {"loss": loss(s.config)})
+    assert gen2.is_finished() and len(rest) == 5
+    assert [s.trial_id for s in rest] == [f"aaaaaaaa_{i:05d}" for i in range(5, 10)]
+    trials = second.study.trials
+    assert [t.number for t in trials] == list(range(10))
+    assert all(t.state == TrialState.COMPLETE for t in trials)
+    assert 1 in trials[4].intermediate_values
+    return second
+
+
+def test_state_restore_in_memory(tmp_path):
+    _half_then_restore(lambda: OptunaSearch(SPACE, seed=0), tmp_path)
+
+
+def test_state_restore_with_journal_storage(tmp_path):
+    journal = str(tmp_path / "study.log")
+    searcher = _half_then_restore(
+        lambda: OptunaSearch(SPACE, seed=0, storage=journal, study_name="exp"), tmp_path
+    )
+    assert searcher.study.study_name == "exp"
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(journal)
+    )
+    assert len(optuna.load_study(study_name="exp", storage=storage).trials) == 10
+
+
+def test_state_restore_with_sqlite_and_save_to_dir(tmp_path):
+    pytest.importorskip("sqlalchemy")
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    searcher = OptunaSearch(SPACE, "loss", "min", storage=url, study_name="s")
+    searcher.suggest("t0")
+    searcher.on_trial_complete("t0", {"loss": 1.0})
+    searcher.suggest("t1")
+    searcher.save_to_dir(str(tmp_path / "ckpt"))
+    again = OptunaSearch(SPACE, "loss", "min")
+    again.restore_from_dir(str(tmp_path / "ckpt"))  # the URL travels in the state
+    again.on_trial_complete("t1", {"loss": 0.5})
+    again.suggest("t2")
+    assert [t.number for t in again.study.trials] == [0, 1, 2]
+    assert again.study.trials[1].value == 0.5
+
+
+def test_concurrency_limiter_around_optuna():
+    searcher = ConcurrencyLimiter(OptunaSearch(SPACE, seed=0), max_concurrent=2)
+    gen = SearchGenerator(searcher, 6)
+    gen.set_search_properties("loss", "min", {})
+    a, b = gen.next_trial(), gen.next_trial()
+    assert b is not None and gen.next_trial() is None
+    gen.on_trial_complete(a.trial_id, {"loss": loss(a.config)})
+    assert gen.next_trial() is not None
+    assert len(searcher.searcher.study.trials) == 3
+
+
+CONFORMANCE_SPACE = {
+    "lr": sp.loguniform(1e-4, 1e-1),
+    "q": sp.quniform(0, 1, 0.25),
+    "n": sp.qrandint(2, 10, 2),
+    "act": sp.choice(["relu", "tanh"]),
+    "model": {"depth": sp.randint(1, 5), "name": "mlp"},
+}
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: OptunaSearch(seed=0),
+        lambda: OptunaSearch(sampler=optuna.samplers.RandomSampler(seed=1)),
+        lambda: ConcurrencyLimiter(OptunaSearch(seed=0), max_concurrent=2),
+        lambda: Repeater(OptunaSearch(seed=0), repeat=2),
+    ],
+    ids=["tpe", "random", "limited", "repeated"],
+)
+def test_conformance(make):
+    made = check_searcher(make, CONFORMANCE_SPACE, n_trials=8, in_flight=3)
+    assert len(made) == 8
