@@ -24,12 +24,14 @@ import traceback
 from collections import deque
 from typing import Any
 
+from dasktune import isolation
 from dasktune.checkpoint import Checkpoint
 from dasktune.result import SHOULD_CHECKPOINT
 from dasktune.session import StopTrial, TrialSession, TrialSpec, _bind
 from dasktune.trainable import is_class_trainable
 
 _MAX_BATCH = 5000
+_LINGER = 0.002
 _TRAINABLES: dict[bytes, Any] = {}
 
 
@@ -57,6 +59,7 @@ class TrialActor:
         self._cond = threading.Condition()
         self._buffer: deque[tuple[int, dict[str, Any] | None, str | None]] = deque()
         self._seq = 0
+        self._acked = 0
         self._finished = False
         self._error: str | None = None
         self._stop_now = threading.Event()
@@ -84,6 +87,7 @@ class TrialActor:
         """Drop reports up to ``ack``; return the next ones (waiting up to ``wait`` s)."""
         assert self._wakeup is not None
         with self._cond:
+            self._acked = max(self._acked, ack)
             while self._buffer and self._buffer[0][0] <= ack:
                 self._buffer.popleft()
             self._cond.notify_all()
@@ -93,6 +97,9 @@ class TrialActor:
         if empty and wait > 0:
             try:
                 await asyncio.wait_for(self._wakeup.wait(), wait)
+                if not self.spec.sync_reports:
+                    # Linger a moment so a fast trial's reports travel in batches.
+                    await asyncio.sleep(_LINGER)
             except asyncio.TimeoutError:
                 pass
         with self._cond:
@@ -123,8 +130,14 @@ class TrialActor:
             while len(self._buffer) >= self.spec.max_buffered and not self._stop_now.is_set():
                 self._cond.wait(1.0)
             self._seq += 1
-            self._buffer.append((self._seq, result, checkpoint_path))
+            seq = self._seq
+            self._buffer.append((seq, result, checkpoint_path))
         self._wake()
+        if self.spec.sync_reports:
+            with self._cond:  # until the driver has received it (acked by the next poll)
+                while self._acked < seq and not self._stop_now.is_set() and \
+                        not self._stop_after_checkpoint.is_set():
+                    self._cond.wait(1.0)
 
     def _wake(self) -> None:
         if self._loop is not None and self._wakeup is not None:
@@ -143,6 +156,9 @@ class TrialActor:
         session = TrialSession(spec, self._emit, self._should_stop, worker_address)
         _bind(session)
         try:
+            if isolation.wants_process(spec):  # GPUs: a process that sees only its devices
+                isolation.run_in_process(self, worker_address)
+                return
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(spec.gpu_ids)
             if is_class_trainable(spec.trainable):
                 self._run_class(session)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import posixpath
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -12,7 +14,7 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from dasktune.storage import MANIFEST, retry
+from dasktune.storage import MANIFEST, redact, retry, transfer_kwargs
 
 
 class Checkpoint:
@@ -51,14 +53,31 @@ class Checkpoint:
             shutil.copytree(self.path, dest, dirs_exist_ok=True,
                             ignore=shutil.ignore_patterns(MANIFEST))
         else:
-            src = self.path.rstrip("/")
-            files = [f for f in self.filesystem.find(src) if not f.endswith("/" + MANIFEST)]
-            lpaths = [os.path.join(dest, *os.path.relpath(f, src).split("/")) for f in files]
+            fs = self.filesystem
+            src = fs._strip_protocol(self.path).rstrip("/")
+            with contextlib.suppress(Exception):  # another process wrote it: no stale listing
+                fs.invalidate_cache(src)
+            found = retry(lambda: fs.find(src), self.uri)
+            files = [f for f in found if posixpath.basename(f) != MANIFEST]
+            lpaths = [os.path.join(dest, *posixpath.relpath(fs._strip_protocol(f), src).split("/"))
+                      for f in files]
             for lp in lpaths:
                 os.makedirs(os.path.dirname(lp), exist_ok=True)
             if files:
-                retry(lambda: self.filesystem.get(files, lpaths), self.path)
+                # One call for all files: fsspec streams each from the store to disk,
+                # and async stores (s3, gcs) fetch them concurrently.
+                kw = transfer_kwargs(fs, "get")  # bounded memory, whatever the size
+                retry(lambda: fs.get(files, lpaths, **kw), self.uri)
         return dest
+
+    @property
+    def uri(self) -> str:
+        """Where the checkpoint lives, as a URI without credentials."""
+        if self._is_local:
+            return self.path
+        protocol = self.filesystem.protocol
+        protocol = protocol[0] if isinstance(protocol, (tuple, list)) else protocol
+        return redact(f"{protocol}://{self.filesystem._strip_protocol(self.path).lstrip('/')}")
 
     @contextlib.contextmanager
     def as_directory(self) -> Iterator[str]:
@@ -75,10 +94,9 @@ class Checkpoint:
 
     def get_metadata(self) -> dict[str, Any]:
         """The commit manifest's metadata (iteration, metrics) if committed."""
-        import json
-
+        path = posixpath.join(self.path.rstrip("/"), MANIFEST)
         try:
-            return json.loads(self.filesystem.cat_file(os.path.join(self.path, MANIFEST)))
+            return json.loads(retry(lambda: self.filesystem.cat_file(path), self.uri))
         except FileNotFoundError:
             return {}
 

@@ -27,7 +27,16 @@ import cloudpickle
 from dasktune import _dask_config
 from dasktune.callback import Callback, CallbackList
 from dasktune.checkpoint import Checkpoint
-from dasktune.executor import FINISHED, LOST, REPORTS, START_FAILED, STARTED, ExecEvent
+from dasktune.executor import (
+    FINISHED,
+    LOST,
+    REPORTS,
+    START_FAILED,
+    STARTED,
+    WORKER_LOST,
+    WORKER_RETIRING,
+    ExecEvent,
+)
 from dasktune.logger import EXPR_ERROR_FILE
 from dasktune.result import EARLY_STOPPED
 from dasktune.results import TuneError
@@ -49,6 +58,7 @@ _STOPPING = "stopping"  # ended (TERMINATED/ERROR): wait for the actor to finish
 _PAUSING = "pausing"  # checkpoint, then PAUSED
 _EXPLOITING = "exploiting"  # PBT: restart with a new config from a donor checkpoint
 _REQUEUE = "requeue"  # restart from the latest checkpoint (a graceful move)
+_MIN_SAVE_GAP = 0.5
 
 
 class _Context:
@@ -131,7 +141,15 @@ class TuneController:
         self._raise: BaseException | None = None
         self._waiting_reason: str | None = None
         self._dirty = False
+        self._retiring: set[str] = set()
         self.num_reports = 0
+        # A scheduler that decides per result (ASHA, HyperBand, PBT, ...) gets results
+        # one at a time: report() waits for the driver to receive each, so a decision
+        # lands at most one iteration late. FIFO runs unthrottled.
+        from dasktune.schedulers import FIFOScheduler
+
+        self._sync_reports = bool(_dask_config.get("executor.sync-reports")) or \
+            type(scheduler) is not FIFOScheduler
 
     # ------------------------------------------------------------------ loop
     def run(self) -> list[Trial]:
@@ -166,6 +184,9 @@ class TuneController:
         timeout = 0.0 if started else 0.2
         for event in self.executor.events(timeout):
             self._on_event(event)
+        for trial in self.scheduler.trials_to_stop(self._ctx):
+            if trial.status in (PENDING, PAUSED):
+                self._complete(trial, trial.last_result, early_stopped=True)
         self._check_budget()
         self.callbacks.on_step_end(iteration=self._iteration, trials=self.trials)
         now = time.monotonic()
@@ -190,6 +211,13 @@ class TuneController:
             self.callbacks.on_experiment_end(trials=self.trials)
             if self._reporter is not None:
                 self._reporter.final(self.trials)
+
+    def _save_soon(self) -> None:
+        """A trial ended: save within ``_MIN_SAVE_GAP`` s (not per trial: the state grows
+        with the trial count, and saving it per completion would be quadratic)."""
+        self._dirty = True
+        if time.monotonic() - self._last_save >= _MIN_SAVE_GAP:
+            self.save()
 
     def save(self) -> None:
         self._last_save = time.monotonic()
@@ -264,6 +292,7 @@ class TuneController:
             next_checkpoint_index=self._next_checkpoint_index(trial),
             experiment_tag=trial.experiment_tag,
             max_buffered=int(_dask_config.get("executor.max-buffered-reports")),
+            sync_reports=self._sync_reports,
         )
         trial.restore_path = None
         # A restart continues the iteration count of its checkpoint, or restarts at 0.
@@ -304,6 +333,16 @@ class TuneController:
 
     # ------------------------------------------------------------- events
     def _on_event(self, event: ExecEvent) -> None:
+        if event.kind == WORKER_LOST:
+            self.executor.lose_worker(event.info["worker"])
+            return
+        if event.kind == WORKER_RETIRING:
+            addr = event.info["worker"]
+            moved = self.move_trials_off(addr)
+            logger.info("worker %s is retiring: moving trials %s", addr, moved)
+            self._retiring.add(addr)
+            self.executor.retire_when_free(addr)
+            return
         trial = self._by_id.get(event.trial_id)
         if trial is None or event.attempt != trial.attempt:
             logger.debug("dropping %s from stale attempt %s of %s", event.kind, event.attempt,
@@ -349,15 +388,21 @@ class TuneController:
             self.callbacks.on_trial_result(iteration=self._iteration, trials=self.trials,
                                            trial=trial, result=result)
             self.search_alg.on_trial_result(trial.trial_id, result)
-            if action is not None:
-                continue  # pausing or moving: it runs on only to its checkpoint
-            decision = self.scheduler.on_trial_result(self._ctx, trial, result)
             try:
-                if result.get("done") or self.stopper(trial.trial_id, result):
-                    decision = "STOP_DONE"
+                done = bool(result.get("done")) or self.stopper(trial.trial_id, result)
             except ValueError as exc:
                 self._stop_with_error(trial, str(exc))
                 continue
+            if action is not None:
+                # Pausing or moving: it runs on only to its checkpoint, but a reached
+                # stop criterion still ends it here.
+                if done:
+                    self._action.pop(trial.trial_id)
+                    self._apply(trial, "STOP_DONE", result)
+                continue
+            decision = self.scheduler.on_trial_result(self._ctx, trial, result)
+            if done:
+                decision = "STOP_DONE"
             self._apply(trial, decision, result)
         if self.stopper.stop_all():
             self._stop_everything("stopper.stop_all() returned True")
@@ -414,13 +459,18 @@ class TuneController:
         self.search_alg.on_trial_complete(trial.trial_id, result=final)
         self.callbacks.on_trial_complete(iteration=self._iteration, trials=self.trials,
                                          trial=trial)
-        self._dirty = True
-        self.save()
+        self._save_soon()
+
+    def _release(self, trial: Trial) -> None:
+        worker = trial.placements[-1].worker if trial.placements else None
+        self.executor.release(trial.trial_id)
+        if worker in self._retiring and self.executor.retire_when_free(worker):
+            self._retiring.discard(worker)
 
     def _on_finished(self, trial: Trial, error: str | None) -> None:
         tid = trial.trial_id
         action = self._action.pop(tid, None)
-        self.executor.release(tid)
+        self._release(trial)
         if error and action != _STOPPING:
             self._end_placement(trial, "error")
             self._on_user_error(trial, error)
@@ -493,8 +543,7 @@ class TuneController:
         self.scheduler.on_trial_error(self._ctx, trial)
         self.search_alg.on_trial_complete(trial.trial_id, result=None, error=True)
         self.callbacks.on_trial_error(iteration=self._iteration, trials=self.trials, trial=trial)
-        self._dirty = True
-        self.save()
+        self._save_soon()
         fail_fast = self.failure_config.fail_fast
         if fail_fast:
             self._stop_everything(f"trial {trial.trial_id} errored and fail_fast is set")

@@ -41,6 +41,8 @@ REPORTS = "reports"
 FINISHED = "finished"
 LOST = "lost"
 START_FAILED = "start_failed"
+WORKER_LOST = "worker_lost"  # from the recovery plugin; trial_id is ""
+WORKER_RETIRING = "worker_retiring"
 
 
 @dataclass
@@ -83,6 +85,50 @@ class DaskExecutor:
         self._direct = bool(_dask_config.get("executor.direct-to-workers"))
         self._closed = False
         self._pending_stop: dict[str, bool] = {}
+        self._retiring: set[str] = set()
+        self._gone: set[str] = set()
+        self._watching = False
+
+    # ------------------------------------------------------------ cluster events
+    def watch_cluster(self) -> bool:
+        """Install the recovery plugin and listen to it (worker loss in milliseconds)."""
+        from dasktune import recovery
+
+        if not recovery.register(self.client):
+            return False
+
+        def on_event(event: Any) -> None:
+            _t, msg = event
+            worker = msg.get("worker", "")
+            if msg.get("op") == "remove-worker":
+                self._gone.add(worker)
+                self._workers_at = 0.0
+                self._events.put(ExecEvent(WORKER_LOST, "", 0, info={"worker": worker}))
+            elif msg.get("op") == "retiring" and worker not in self._retiring:
+                self._retiring.add(worker)
+                self._events.put(ExecEvent(WORKER_RETIRING, "", 0, info={"worker": worker}))
+            elif msg.get("op") == "add-worker":
+                self._gone.discard(worker)
+                self._workers_at = 0.0
+
+        self.client.subscribe_topic(recovery.TOPIC, on_event)
+        self._watching = True
+        return True
+
+    def retire_when_free(self, addr: str) -> bool:
+        """Ask Dask again to retire ``addr`` once no trial of ours is on it."""
+        if self.running_on(addr) or addr not in self._retiring:
+            return False
+
+        async def _retire() -> None:
+            try:
+                await self.client.scheduler.retire_workers(workers=[addr], close_workers=True,
+                                                           remove=True)
+            except Exception as exc:  # noqa: BLE001 - the worker may be gone already
+                logger.debug("retire %s: %r", addr, exc)
+
+        asyncio.run_coroutine_threadsafe(_retire(), self._loop)
+        return True
 
     # ------------------------------------------------------------ workers
     def workers(self, refresh: bool = False) -> dict[str, dict[str, Any]]:
@@ -123,6 +169,8 @@ class DaskExecutor:
         """The worker with the most free CPU that fits ``resources`` now, or None."""
         best, best_cpu = None, -1.0
         for addr in sorted(self.workers()):
+            if addr in self._retiring or addr in self._gone:
+                continue
             free = self.free(addr)
             if all(free.get(k, 0.0) >= v - 1e-9 for k, v in resources.items() if v > 0):
                 gpus = resources.get("GPU", 0.0)
@@ -224,6 +272,13 @@ class DaskExecutor:
     def shutdown(self) -> None:
         """Stop every attempt and drop its actor."""
         self._closed = True
+        if self._watching:
+            from dasktune import recovery
+
+            try:
+                self.client.unsubscribe_topic(recovery.TOPIC)
+            except Exception:  # noqa: BLE001
+                pass
         for tid in list(self._runs):
             run = self._runs[tid]
             if run.started:
@@ -274,7 +329,10 @@ class DaskExecutor:
                     f"{self._start_timeout:.0f}s")))
                 return
             except Exception as exc:  # noqa: BLE001 - creation failed on the worker
-                if run.worker not in self.workers(refresh=True):
+                from distributed.scheduler import KilledWorker
+
+                if isinstance(exc, KilledWorker) or run.worker in self._gone or \
+                        run.worker not in self.workers(refresh=True):
                     self._events.put(ExecEvent(LOST, tid, attempt, error=repr(exc)))
                 else:
                     self._events.put(ExecEvent(START_FAILED, tid, attempt,

@@ -59,6 +59,7 @@ class TrialSpec:
     param_keys: dict[str, str] = field(default_factory=dict)
     experiment_tag: str = ""
     max_buffered: int = 10000
+    sync_reports: bool = False
 
 
 class TrialSession:

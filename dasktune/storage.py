@@ -91,7 +91,68 @@ def redact(text: str) -> str:
     return _SECRET_RE.sub(lambda m: m.group(0).split("=")[0] + "=***", text)
 
 
+_SECRET_KEYS = re.compile(r"(?i)(secret|password|passwd|token|credential|private_key|"
+                          r"access_key|session|^key$|^auth$|^sas)")
+
+
+def scrub_options(options: Any) -> Any:
+    """A copy of ``storage_options`` without anything that looks like a credential.
+
+    For what is persisted (``tuner.pkl``): endpoints, regions and timeouts stay;
+    keys, secrets, tokens, passwords and sessions are dropped, so a restore takes
+    credentials from the usual places again.
+    """
+    if isinstance(options, dict):
+        return {k: scrub_options(v) for k, v in options.items()
+                if not (isinstance(k, str) and _SECRET_KEYS.search(k))}
+    if isinstance(options, (list, tuple)):
+        return type(options)(scrub_options(v) for v in options)
+    return options
+
+
+# Bounds on what one transfer holds in memory: files in flight x parts in flight x part
+# size (s3fs's defaults, 128 files x 10 parts x 50 MiB, grow with checkpoint size up to
+# gigabytes). Overridable as dask settings under ``dasktune.storage.transfer``.
+_TRANSFER_DEFAULTS = {"files": 4, "get-files": 32, "parts": 4, "part-size": 8 * 2**20}
+
+
+def transfer_kwargs(fs: fsspec.AbstractFileSystem, op: str) -> dict[str, Any]:
+    """Keyword arguments for ``fs.put``/``fs.get`` (``op``) that keep memory bounded.
+
+    Only what this filesystem understands is passed: ``batch_size`` to async stores,
+    ``chunksize``/``max_concurrency`` where their ``_put_file``/``_get_file`` take them.
+    """
+    import inspect
+
+    import dask.config
+
+    if op not in ("put", "get"):
+        raise ValueError(f"transfer_kwargs: op must be 'put' or 'get', got {op!r}")
+    if not getattr(fs, "async_impl", False):
+        return {}
+    conf = {k: dask.config.get(f"dasktune.storage.transfer.{k}", v)
+            for k, v in _TRANSFER_DEFAULTS.items()}
+    # Downloads stream (64 KiB reads), so more files may be in flight than for uploads,
+    # which read a file (or a part) whole before sending it.
+    out: dict[str, Any] = {"batch_size": int(conf["files" if op == "put" else "get-files"])}
+    try:
+        params = inspect.signature(getattr(fs, f"_{op}_file")).parameters
+    except (AttributeError, TypeError, ValueError):
+        return out
+    if op == "put":
+        if "chunksize" in params:
+            out["chunksize"] = int(conf["part-size"])
+        if "max_concurrency" in params:
+            out["max_concurrency"] = int(conf["parts"])
+    elif "max_concurrency" in params:
+        # One streaming GET per file, written as it arrives (64 KiB reads): ranged
+        # parallel downloads buffer whole parts. Files still download in parallel.
+        out["max_concurrency"] = 1
+    return out
+
+
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    """Whether ``fs`` is the local (or an NFS-mounted) disk of this host."""
     return isinstance(fs, LocalFileSystem)
 
 
@@ -133,9 +194,24 @@ class ExperimentStorage:
             return self.experiment_path
         return redact(f"{self.protocol}://{self.experiment_path}")
 
+    def uri_of(self, path: str) -> str:
+        """``path`` on this store as a URI for messages (no credentials)."""
+        if self.is_local:
+            return path
+        return redact(f"{self.protocol}://{path.lstrip('/')}")
+
     @property
     def is_local(self) -> bool:
         return is_local(self.fs)
+
+    def _fresh(self, path: str) -> None:
+        """Forget cached listings under ``path``: other processes write there too, and a
+        stale listing would hide a new checkpoint or reuse a directory."""
+        if not self.is_local:
+            try:
+                self.fs.invalidate_cache(path)
+            except Exception:  # noqa: BLE001 - a cache that cannot be cleared has none
+                pass
 
     def path(self, *parts: str) -> str:
         return posixpath.join(self.experiment_path, *parts)
@@ -145,13 +221,17 @@ class ExperimentStorage:
 
     # ---------------------------------------------------------------- basics
     def makedirs(self, path: str) -> None:
-        retry(lambda: self.fs.makedirs(path, exist_ok=True), path)
+        retry(lambda: self.fs.makedirs(path, exist_ok=True), self.uri_of(path))
 
     def exists(self, path: str) -> bool:
-        return retry(lambda: self.fs.exists(path), path)
+        self._fresh(path)
+        return retry(lambda: self.fs.exists(path), self.uri_of(path))
 
-    def write_bytes(self, path: str, data: bytes) -> None:
-        """Write a whole file atomically: readers see the old or the new content."""
+    def write_bytes(self, path: str, data: bytes, durable: bool = False) -> None:
+        """Write a whole file atomically: readers see the old or the new content.
+
+        ``durable`` also fsyncs (survives a power loss, not just a killed process).
+        """
 
         def _write() -> None:
             if self.is_local:
@@ -159,20 +239,22 @@ class ExperimentStorage:
                 tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
                 with open(tmp, "wb") as f:
                     f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
+                    if durable:
+                        f.flush()
+                        os.fsync(f.fileno())
                 os.replace(tmp, path)
             else:
                 # One PUT: object stores publish an object whole or not at all.
                 self.fs.pipe_file(path, data)
 
-        retry(_write, path)
+        retry(_write, self.uri_of(path))
 
-    def write_json(self, path: str, obj: Any) -> None:
-        self.write_bytes(path, json.dumps(obj, default=_json_default, indent=1).encode())
+    def write_json(self, path: str, obj: Any, durable: bool = False) -> None:
+        self.write_bytes(path, json.dumps(obj, default=_json_default, separators=(",", ":"))
+                         .encode(), durable=durable)
 
     def read_bytes(self, path: str) -> bytes:
-        return retry(lambda: self.fs.cat_file(path), path)
+        return retry(lambda: self.fs.cat_file(path), self.uri_of(path))
 
     def read_json(self, path: str) -> Any:
         return json.loads(self.read_bytes(path))
@@ -226,7 +308,8 @@ class ExperimentStorage:
             rpaths = [posixpath.join(dest, rel) for rel in files]
             if lpaths:
                 # fsspec streams each file from disk; async stores upload them in parallel.
-                retry(lambda: fs.put(lpaths, rpaths), dest)
+                kw = transfer_kwargs(fs, "put")
+                retry(lambda: fs.put(lpaths, rpaths, **kw), self.uri_of(dest))
         manifest = {"files": files, "committed_at": time.time(), **metadata,
                     "checkpoint_index": index}
         self.write_bytes(posixpath.join(dest, MANIFEST),
@@ -234,28 +317,39 @@ class ExperimentStorage:
         return dest
 
     def read_manifest(self, checkpoint_path: str) -> dict[str, Any] | None:
-        """The manifest of a committed checkpoint, or None if it is absent or broken."""
+        """The manifest of a committed checkpoint, or None if it is absent or broken.
+
+        An unreachable store raises :class:`StorageError` instead: "not committed"
+        would make a restore skip a valid checkpoint.
+        """
+        path = posixpath.join(checkpoint_path, MANIFEST)
+        self._fresh(checkpoint_path)
         try:
-            manifest = json.loads(self.fs.cat_file(posixpath.join(checkpoint_path, MANIFEST)))
-        except Exception:  # noqa: BLE001 - missing or half-written: not committed
+            raw = retry(lambda: self.fs.cat_file(path), self.uri_of(path))
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+        try:
+            manifest = json.loads(raw)
+        except ValueError:  # half-written by a writer that died: not committed
             return None
         if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
             return None
         return manifest
 
     def is_committed(self, checkpoint_path: str, verify_files: bool = True) -> bool:
+        """Whether the checkpoint's manifest is there and every file it lists has its size."""
         manifest = self.read_manifest(checkpoint_path)
         if manifest is None:
             return False
         if not verify_files:
             return True
+        root = checkpoint_path.rstrip("/")
         try:
-            found = {
-                posixpath.relpath(info["name"], checkpoint_path): info.get("size")
-                for info in self.fs.find(checkpoint_path, detail=True).values()
-            }
-        except Exception:  # noqa: BLE001
+            listing = retry(lambda: self.fs.find(root, detail=True), self.uri_of(root))
+        except FileNotFoundError:
             return False
+        found = {posixpath.relpath(self.fs._strip_protocol(name), self.fs._strip_protocol(root)):
+                 info.get("size") for name, info in listing.items()}
         for rel, size in manifest["files"].items():
             if rel not in found or (size is not None and found[rel] != size):
                 return False
@@ -263,8 +357,10 @@ class ExperimentStorage:
 
     def list_checkpoints(self, trial_path: str) -> list[str]:
         """Checkpoint directories of a trial, oldest first (committed or not)."""
+        self._fresh(trial_path)
         try:
-            entries = self.fs.ls(trial_path, detail=False)
+            entries = retry(lambda: self.fs.ls(trial_path, detail=False),
+                            self.uri_of(trial_path))
         except FileNotFoundError:
             return []
         found = []
@@ -275,6 +371,7 @@ class ExperimentStorage:
         return [p for _, p in sorted(found)]
 
     def latest_committed_checkpoint(self, trial_path: str) -> str | None:
+        """The newest checkpoint whose commit completed (a crashed upload is skipped)."""
         for path in reversed(self.list_checkpoints(trial_path)):
             if self.is_committed(path):
                 return path
@@ -282,12 +379,14 @@ class ExperimentStorage:
 
     def delete(self, path: str) -> None:
         try:
-            retry(lambda: self.fs.rm(path, recursive=True), path)
+            retry(lambda: self.fs.rm(path, recursive=True), self.uri_of(path))
         except FileNotFoundError:
             pass
 
     def download(self, remote: str, local: str) -> None:
-        retry(lambda: self.fs.get(remote.rstrip("/") + "/", local, recursive=True), remote)
+        kw = transfer_kwargs(self.fs, "get")
+        retry(lambda: self.fs.get(remote.rstrip("/") + "/", local, recursive=True, **kw),
+              self.uri_of(remote))
 
     # ------------------------------------------------------ pickling to workers
     def __getstate__(self) -> dict[str, Any]:
@@ -300,7 +399,9 @@ class AppendFile:
     Local and NFS paths are appended in place and flushed per batch. Object stores
     cannot append: the file is spooled in a local temporary file and the whole
     object re-uploaded at most every ``dasktune.storage.sync-period`` and on close,
-    so result files stay readable remotely while the run goes on.
+    so result files stay readable remotely while the run goes on. While the store is
+    unreachable past the retry budget, periodic uploads are skipped (the spool keeps
+    every line) and the next one sends everything: results are never dropped.
     """
 
     def __init__(self, storage: ExperimentStorage, path: str):
@@ -316,7 +417,7 @@ class AppendFile:
         else:
             self._spool = tempfile.NamedTemporaryFile(prefix="dasktune-", delete=False)
             try:  # continue an existing file (a restored experiment)
-                self._spool.write(storage.fs.cat_file(path))
+                self._spool.write(storage.read_bytes(path))
             except FileNotFoundError:
                 pass
             self._fh = self._spool
@@ -338,16 +439,30 @@ class AppendFile:
         now = time.monotonic()
         if force or now - self._last_sync >= self._period:
             spool_name = self._spool.name
-            retry(lambda: self.storage.fs.put_file(spool_name, self.path), self.path)
+            try:
+                retry(lambda: self.storage.fs.put_file(spool_name, self.path),
+                      self.storage.uri_of(self.path))
+            except StorageError as exc:
+                if force:
+                    raise
+                logger.warning("%s; the results stay spooled and are uploaded later", exc)
+                return
             self._last_sync = now
             self._dirty = False
 
     def close(self) -> None:
+        """Upload what is left and release the file; a spool that cannot be uploaded is
+        kept on disk (and named in the log) rather than deleted."""
+        keep = False
         try:
             self.flush(force=True)
+        except StorageError as exc:
+            keep = self._spool is not None
+            logger.error("%s; results kept in %s", exc, getattr(self._spool, "name", "?"))
+            raise
         finally:
             self._fh.close()
-            if self._spool is not None:
+            if self._spool is not None and not keep:
                 os.unlink(self._spool.name)
 
 

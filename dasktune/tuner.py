@@ -94,6 +94,7 @@ class Tuner:
         client, cluster = runtime.get_client()
         tuner_build.check_shared_storage(client, storage)
         executor = DaskExecutor(client)
+        executor.watch_cluster()
         params = tuner_build.scatter_params(client, self._trainable)
         callbacks = tuner_build.make_callbacks(rc, client, storage, name, tc, search_alg,
                                               scheduler)

@@ -7,6 +7,7 @@ import base64
 import copy
 import socket
 
+import dask.config
 import pytest
 import yaml
 
@@ -36,6 +37,17 @@ def moto(monkeypatch, tmp_path):
         monkeypatch.delenv(var, raising=False)
     yield boto3.client("ec2", region_name=REGION, endpoint_url=url)
     server.stop()
+
+
+@pytest.fixture
+def restore_dask_config():
+    """VMCluster(security=True) sets TLS options in the global dask config: undo it."""
+    import dask.config
+
+    saved = copy.deepcopy(dask.config.config)
+    yield
+    dask.config.config.clear()
+    dask.config.config.update(saved)
 
 
 @pytest.fixture
@@ -104,15 +116,22 @@ def _live(ec2) -> list[dict]:
 def test_up_issues_spot_run_instances_and_down_terminates(
         moto, captured, loopback_only, monkeypatch, dask_processes):
     procs = dask_processes(n_workers=1)  # a real scheduler; its first worker is not ours
-    procs.workers.pop().kill()
+    first = procs.workers.pop()
+    first.kill()
+    first.wait(10)
     port = int(procs.address.rsplit(":", 1)[1])
     _point_vms_at(monkeypatch, port, lambda: procs.add_worker(resources="CPU=2"))
     config = parse_cluster_config(_cluster_file(moto))
     provider = get_provider(config, name="moto-test")
 
-    state = provider.up(timeout=15)
+    # The spot plugin's metadata poll must stay on loopback too (nothing serves there: 404).
+    with dask.config.set({"dasktune.cluster.spot-notice-url": "http://127.0.0.1:9/notice"}):
+        state = provider.up(timeout=30)
     assert state["scheduler_address"] == f"tcp://127.0.0.1:{port}"
     assert len(provider.workers()) == 2
+    with provider.connect() as client:  # spot workers watch for interruption notices
+        plugins = client.run(lambda dask_worker: sorted(dask_worker.plugins))
+    assert all("dasktune-spot-interruption" in p for p in plugins.values())
 
     workers = [c for c in captured if "InstanceMarketOptions" in c]
     heads = [c for c in captured if "InstanceMarketOptions" not in c]
@@ -157,3 +176,27 @@ def test_down_after_partial_up_cleans_up(moto, loopback_only, monkeypatch):
     assert len(provider.instances()) == 1
     provider.down()
     assert _live(moto) == []
+
+
+def test_gpu_worker_type_alone_sets_gpu_instance(monkeypatch, restore_dask_config):
+    """dask-cloudprovider decides GPU drivers from `instance_type` only; we decide per role."""
+    import asyncio
+
+    from dask_cloudprovider.generic.vmcluster import VMCluster
+
+    from dasktune.cluster import load_cluster_config
+    from dasktune.cluster.aws import ec2_cluster_kwargs, make_ec2_cluster_class
+
+    async def no_start(self):
+        return None
+
+    monkeypatch.setattr(VMCluster, "_start", no_start)  # stop before any VM is created
+    kwargs = ec2_cluster_kwargs(load_cluster_config("cluster/aws-gpu-spot.yaml"), "g")
+
+    async def go():
+        c = make_ec2_cluster_class()(asynchronous=True, shutdown_on_close=False, **kwargs)
+        await c._start()
+        c.status = c.status.closed
+        return c.scheduler_options["gpu_instance"], c.worker_options["gpu_instance"]
+
+    assert asyncio.run(go()) == (False, True)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 
+import dask.config
 import pytest
 
 pytest.importorskip("dask_cloudprovider.gcp")
@@ -25,7 +27,16 @@ class _NoCompute:
 
 
 @pytest.fixture
-def bodies(monkeypatch):
+def restore_dask_config():
+    """VMCluster(security=True) sets TLS options in the global dask config: undo it."""
+    saved = copy.deepcopy(dask.config.config)
+    yield
+    dask.config.config.clear()
+    dask.config.config.update(saved)
+
+
+@pytest.fixture
+def bodies(monkeypatch, restore_dask_config):
     """role -> the instance body, from a DasktuneGCPCluster built (not started) in a loop."""
     monkeypatch.setattr(cp_gcp, "GCPCompute", _NoCompute)
     config = load_cluster_config("cluster/gcp-preemptible.yaml")

@@ -131,6 +131,12 @@ def test_graceful_retire_exec_rsync(env, tmp_path):
         assert r.stdout.startswith("retired tcp://127.0.0.1:")
         wait_for(lambda: "workers:   1" in _cli(env, "status", "cluster/local.yaml", "-n",
                                                  name).stdout, timeout=20, what="the retire")
+        r = _cli(env, "up", "cluster/local.yaml", "-y", "-n", name)  # tops up, keeps the rest
+        assert "starting 1 worker(s)" in r.stderr and "workers joined 2/2" in r.stderr
+        state = _state(env, name)[1]
+        sched = [p["pid"] for p in state["processes"] if p["role"] == "scheduler"]
+        assert sched == [pids[0]]  # the same scheduler: nothing was restarted
+        pids += [p["pid"] for p in state["processes"]]
         r = _cli(env, "dashboard", "cluster/local.yaml", "-n", name)
         assert r.stdout.startswith("http://127.0.0.1:")
     finally:
@@ -147,11 +153,15 @@ def test_rsync_down_copies_from_a_uri(env, tmp_path):
     assert (dst / "exp" / "progress.csv").read_text() == "a,b\n"
 
 
-def test_every_command_has_help_with_an_example(env):
+def test_every_command_has_help_with_an_example():
+    from click.testing import CliRunner
+
+    from dasktune.cli import main
+
     for cmd in ("up", "down", "submit", "exec", "status", "dashboard", "logs",
                 "kill-random-worker", "rsync-up", "rsync-down"):
-        r = _cli(env, cmd, "--help")
-        assert "Example" in r.stdout, cmd
+        r = CliRunner().invoke(main, [cmd, "--help"])
+        assert r.exit_code == 0 and "Example" in r.output, cmd
 
 
 def test_errors_are_one_line_unless_verbose(env, tmp_path):
@@ -163,3 +173,53 @@ def test_errors_are_one_line_unless_verbose(env, tmp_path):
     assert r.stderr.strip().splitlines() == [f"error: {bad}: bogus: unknown key"]
     r = _cli(env, "--verbose", "up", str(bad), "-y", check=False)
     assert "Traceback" in r.stderr
+
+
+def test_tls_cluster_through_the_cli(env, tmp_path):
+    """Temporary TLS certificates (Security.temporary()), files 0600, tls:// everywhere."""
+    cfg = tmp_path / "tls.yaml"
+    cfg.write_text(open("cluster/local.yaml").read().replace(
+        "provider: {type: local}", "provider: {type: local, tls: true}").replace(
+        "min_workers: 2", "min_workers: 1"))
+    pids: list[int] = []
+    try:
+        _cli(env, "up", str(cfg), "-y", "-n", "tls")
+        path, state = _state(env, "tls")
+        pids = [p["pid"] for p in state["processes"]]
+        for f in state["tls"].values():
+            assert stat.S_IMODE(os.stat(f).st_mode) == 0o600
+        r = _cli(env, "status", str(cfg), "-n", "tls")
+        assert "address:   tls://127.0.0.1:" in r.stdout and "workers:   1" in r.stdout
+        script = tmp_path / "tls_driver.py"
+        script.write_text("import sys\nfrom distributed import Client\n"
+                          "c = Client(sys.argv[sys.argv.index('--address') + 1])\n"
+                          "print('sum', c.submit(sum, [1, 2]).result())\n")
+        r = _cli(env, "submit", str(cfg), str(script), "-n", "tls")
+        assert "sum 3" in r.stdout
+    finally:
+        _cli(env, "down", str(cfg), "-y", "-n", "tls", check=False)
+        assert [p for p in pids if _alive(p)] == []
+
+
+def test_submit_start_stop_detached_leaves_nothing(env, tmp_path):
+    """`--start --stop --detach`: the job brings the cluster down itself when it ends."""
+    cfg = tmp_path / "one.yaml"
+    cfg.write_text(open("cluster/local.yaml").read().replace("min_workers: 2", "min_workers: 1"))
+    script = tmp_path / "hello.py"
+    go = tmp_path / "go"
+    script.write_text("import os, sys, time\nprint('args', sys.argv[1:], flush=True)\n"
+                      f"while not os.path.exists({str(go)!r}): time.sleep(0.05)\n")
+    _cli(env, "submit", str(cfg), str(script), "-n", "once", "--start", "--stop",
+             "--detach", "--", "--x", "1")
+    path, state = _state(env, "once")
+    pids = [p["pid"] for p in state["processes"] + state["jobs"]]
+    go.write_text("")  # the job may end now that we know its PIDs
+    try:
+        wait_for(lambda: not os.path.exists(path), timeout=30, what="the job's own down")
+        wait_for(lambda: not any(_alive(p) for p in pids), timeout=10, what="no process left")
+        log = state["jobs"][0]["log"]
+        assert "args ['--x', '1', '--address', 'tcp://127.0.0.1:" in open(log).read()
+    finally:
+        for pid in pids:
+            if _alive(pid):
+                psutil.Process(pid).kill()

@@ -109,9 +109,8 @@ def submit(cluster_file: str, script: str, script_args: tuple[str, ...], name: s
     p = _provider(cluster_file, name)
     if start:
         p.up(progress=_echo)
+    if p.state.exists():  # a detached `--stop` runs `dasktune down` on this file later
         p.state.update(config_path=os.path.abspath(cluster_file))
-    elif "config_path" not in (p.state.read() if p.state.exists() else {}):
-        p.state.read()  # a clear "not up" error
     code, job = p.submit(script, list(script_args), detach=detach, then_down=stop)
     if job:
         click.echo(f"submitted {job}; read its output with: "

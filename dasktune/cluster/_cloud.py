@@ -69,10 +69,7 @@ class CloudProvider(ClusterProvider):
             n = self.config.min_workers
             self.wait_for_workers(n, max(1.0, deadline - time.monotonic()), progress)
             if self.spot:
-                from dasktune.cluster.spot import SpotInterruptionPlugin
-
-                with self.connect() as client:
-                    client.register_plugin(SpotInterruptionPlugin(provider=self.kind))
+                self._install_spot_plugin()
         except BaseException as e:
             progress("up failed; terminating what was created")
             self.down()
@@ -84,6 +81,20 @@ class CloudProvider(ClusterProvider):
             progress(f"note: started min_workers={n}; adaptive scaling to max_workers needs a "
                      "manager process and is not kept after `up` exits")
         return self.state.read()
+
+    def _install_spot_plugin(self) -> None:
+        """Every worker, now and later, watches its VM's interruption notice."""
+        import dask.config
+        from dask.utils import parse_timedelta
+
+        from dasktune.cluster.spot import SpotInterruptionPlugin
+
+        url = dask.config.get("dasktune.cluster.spot-notice-url", None)
+        interval = dask.config.get("dasktune.cluster.spot-poll-interval", "5s")
+        plugin = SpotInterruptionPlugin(url=url, provider=self.kind,
+                                        interval=parse_timedelta(interval, default="s"))
+        with self.connect() as client:
+            client.register_plugin(plugin)
 
     async def _create(self, timeout: float) -> dict[str, Any]:
         cls = self.cluster_class()

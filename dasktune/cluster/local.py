@@ -50,7 +50,8 @@ def _alive(rec: dict[str, Any]) -> bool:
 
 def _kill(recs: Sequence[dict[str, Any]], sig: int = signal.SIGTERM, grace: float = 10.0) -> None:
     """Signal the recorded processes (their own process groups), SIGKILL stragglers, verify."""
-    live = [r for r in recs if _alive(r)]
+    # A detached `submit --stop` runs `down` inside the job's own process group: spare it.
+    live = [r for r in recs if _alive(r) and r["pid"] != os.getpgrp()]
     for r in live:
         _signal(r["pid"], sig)
     deadline = time.monotonic() + grace
@@ -65,6 +66,19 @@ def _kill(recs: Sequence[dict[str, Any]], sig: int = signal.SIGTERM, grace: floa
         live = [r for r in live if _alive(r)]
     if live:
         raise RuntimeError(f"processes still running after SIGKILL: {[r['pid'] for r in live]}")
+
+
+def _tls_args(tls: dict[str, str] | None) -> list[str]:
+    if not tls:
+        return []
+    return ["--tls-ca-file", tls["ca"], "--tls-cert", tls["cert"], "--tls-key", tls["key"]]
+
+
+def _stop_all(recs: Sequence[dict[str, Any]]) -> None:
+    """Drivers, then workers, then the scheduler: a worker whose scheduler is gone would
+    spend its whole close timeout trying to say goodbye."""
+    for role in ("job", "worker", "scheduler"):
+        _kill([r for r in recs if r["role"] == role])
 
 
 def _signal(pid: int, sig: int) -> None:
@@ -115,11 +129,11 @@ class LocalProvider(ClusterProvider):
            progress: Progress = _quiet) -> dict[str, Any]:
         if self.state.exists():
             old = self.state.read()
-            if not restart_only and all(_alive(r) for r in old.get("processes", [])):
-                progress(f"cluster {self.name!r} is already up at {old['scheduler_address']}")
-                return old
+            sched = [r for r in old.get("processes", []) if r["role"] == "scheduler"]
+            if not restart_only and sched and all(_alive(r) for r in sched):
+                return self._top_up(old, timeout, progress)
             progress("restarting the Dask processes")
-            _kill(old.get("processes", []))
+            _stop_all(old.get("processes", []))
         elif restart_only:
             raise ValueError(f"--restart-only: cluster {self.name!r} is not up")
         if not restart_only:
@@ -128,8 +142,7 @@ class LocalProvider(ClusterProvider):
                 subprocess.run(cmd, shell=True, check=True)
         self.state.ensure_dir()
         tls = self._tls_files() if self.config.provider.tls else None
-        tls_args = (["--tls-ca-file", tls["ca"], "--tls-cert", tls["cert"], "--tls-key", tls["key"]]
-                    if tls else [])
+        tls_args = _tls_args(tls)
         sched_file = self.state.dir / "scheduler.json"
         sched_file.unlink(missing_ok=True)
         state: dict[str, Any] = {"name": self.name, "provider": "local", "processes": [],
@@ -151,26 +164,46 @@ class LocalProvider(ClusterProvider):
             state.update(scheduler_address=address,
                          dashboard_url=f"http://127.0.0.1:{dash}/status" if dash else None)
             self.state.write(state)
-            n = max(self.config.min_workers, 1 if self.config.max_workers else 0)
-            node = self.config.worker
-            nthreads = int(node.resources.get("CPU", 1))
-            extra_res = {k: v for k, v in node.resources.items() if k != "CPU"}
-            command = self.config.worker_command
-            for i in range(n):
-                wname = f"{self.name}-worker-{i}-{uuid.uuid4().hex[:4]}"
-                argv = (list(command) + [address] if command else
-                        worker_command(address, nthreads=nthreads, name=wname,
-                                       resources=extra_res))
-                rec = self._spawn(argv + tls_args, "worker", f"{wname}.log")
-                rec["name"] = wname
-                state["processes"].append(rec)
-                self.state.write(state)
-            self.wait_for_workers(n, timeout, progress)
+            self._start_workers(state, self._n_workers)
+            self.wait_for_workers(self._n_workers, timeout, progress)
         except BaseException:
             # Leave nothing behind: a failed up is as clean as a down.
-            _kill(state["processes"])
+            _stop_all(state["processes"])
             self.state.remove()
             raise
+        return state
+
+    @property
+    def _n_workers(self) -> int:
+        return max(self.config.min_workers, 1 if self.config.max_workers else 0)
+
+    def _start_workers(self, state: dict[str, Any], count: int) -> None:
+        """Start ``count`` more workers, each recorded in the state file as it starts."""
+        address, tls = state["scheduler_address"], state.get("tls")
+        tls_args = _tls_args(tls)
+        node = self.config.worker
+        nthreads = int(node.resources.get("CPU", 1))
+        extra_res = {k: v for k, v in node.resources.items() if k != "CPU"}
+        command = self.config.worker_command
+        for _ in range(count):
+            wname = f"{self.name}-worker-{uuid.uuid4().hex[:6]}"
+            argv = (list(command) + [address] if command else
+                    worker_command(address, nthreads=nthreads, name=wname, resources=extra_res))
+            rec = self._spawn(argv + tls_args, "worker", f"{wname}.log")
+            rec["name"] = wname
+            state["processes"].append(rec)
+            self.state.write(state)
+
+    def _top_up(self, state: dict[str, Any], timeout: float,
+                progress: Progress) -> dict[str, Any]:
+        """``up`` on a running cluster: replace workers that died, keep the rest."""
+        state["processes"] = [r for r in state["processes"] if _alive(r)]
+        live = sum(r["role"] == "worker" for r in state["processes"])
+        missing = max(0, self._n_workers - live)
+        progress(f"cluster {self.name!r} is already up at {state['scheduler_address']}; "
+                 f"starting {missing} worker(s)")
+        self._start_workers(state, missing)
+        self.wait_for_workers(self._n_workers, timeout, progress)
         return state
 
     def _wait_scheduler_file(self, path: Any, rec: dict[str, Any], timeout: float) -> dict:
@@ -191,9 +224,9 @@ class LocalProvider(ClusterProvider):
             progress(f"cluster {self.name!r} is not up; nothing to do")
             return
         state = self.state.read()
-        procs = state.get("processes", []) + state.get("jobs", [])
+        procs = state.get("processes", [])
         progress(f"stopping {len(procs)} process(es)")
-        _kill(procs)
+        _stop_all(procs + state.get("jobs", []))
         self.state.remove()
 
     def kill_worker_hard(self, *, rng: random.Random | None = None) -> str:
@@ -222,7 +255,7 @@ class LocalProvider(ClusterProvider):
             return subprocess.call(argv, env={**os.environ, **env}), None
         if then_down:
             down = [sys.executable, "-c", "from dasktune.cli import main; main()", "down",
-                    "-y", "--name", self.name, self.state.read()["config_path"]]
+                    "-y", "--name", self.name, self._config_path()]
             argv = ["/bin/sh", "-c", f"{shlex.join(argv)}; {shlex.join(down)}"]
         job = f"job-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
         rec = self._spawn(argv, "job", f"{job}.log", env=env)
@@ -231,6 +264,13 @@ class LocalProvider(ClusterProvider):
         state.setdefault("jobs", []).append(rec)
         self.state.write(state)
         return 0, job
+
+    def _config_path(self) -> str:
+        path = self.state.read().get("config_path")
+        if not path:
+            raise ValueError("--stop with --detach needs the cluster file path; "
+                             "bring the cluster up with `dasktune up` first")
+        return path
 
     def _job(self, job: str | None) -> dict[str, Any]:
         jobs = self.state.read().get("jobs", [])

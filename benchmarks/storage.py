@@ -1,0 +1,224 @@
+"""Checkpoint save/restore throughput against raw fsspec transfers, and driver memory.
+
+For each target (local disk, S3 on moto's server over HTTP on 127.0.0.1) and each
+checkpoint shape (1 MiB x 100 files, 256 MiB x 2 files), measures in the same run:
+
+- save: ``ExperimentStorage.commit_checkpoint`` (upload + manifest) vs raw ``fs.put``
+  of the same files;
+- restore: ``Checkpoint.to_directory`` vs raw ``fs.get`` of the same files;
+- the peak growth of this process's RSS while saving and restoring, which must not
+  grow with the checkpoint's size (transfers stream from and to disk).
+
+moto runs as a separate process so its in-memory objects do not count as ours.
+
+    python benchmarks/storage.py            # full sizes
+    python benchmarks/storage.py --small    # 1 MiB x 20 and 16 MiB x 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psutil
+
+from dasktune.checkpoint import Checkpoint
+from dasktune.storage import ExperimentStorage
+
+MiB = 2**20
+
+
+@dataclass
+class Row:
+    target: str
+    shape: str
+    op: str
+    mib: float
+    dasktune_s: float
+    raw_s: float
+    peak_rss_mib: float
+
+    @property
+    def ratio(self) -> float:
+        return self.raw_s / self.dasktune_s  # throughput ratio (1.0 = as fast as raw)
+
+
+class PeakRss:
+    """Samples this process's RSS in a thread; ``peak`` is the growth over the start."""
+
+    def __init__(self) -> None:
+        self.proc = psutil.Process()
+        self.base = self.proc.memory_info().rss
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.proc.memory_info().rss - self.base)
+            time.sleep(0.01)
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.proc.memory_info().rss - self.base)
+
+
+def make_files(root: str, n: int, size: int) -> str:
+    src = os.path.join(root, f"src-{n}x{size}")
+    os.makedirs(src)
+    block = os.urandom(MiB)
+    for i in range(n):
+        with open(os.path.join(src, f"part-{i:04d}.bin"), "wb") as f:
+            for _ in range(size // MiB):
+                f.write(block)
+            f.write(block[: size % MiB])
+    return src
+
+
+def best_of(reps: int, fn: Callable[[], object], between: Callable[[], object]) -> float:
+    times = []
+    for _ in range(reps):
+        between()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def start_moto() -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
+                             str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return proc, f"http://127.0.0.1:{port}"
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("moto server did not start")
+
+
+def bench_shape(name: str, storage: ExperimentStorage, n: int, size: int, work: str,
+                reps: int) -> list[Row]:
+    """Save and restore one checkpoint shape, with dasktune and raw fsspec."""
+    fs = storage.fs
+    src = make_files(work, n, size)
+    names = sorted(os.listdir(src))
+    lpaths = [os.path.join(src, x) for x in names]
+    mib = n * size / MiB
+    shape = f"{size // MiB} MiB x {n}"
+    trial = storage.trial_path(f"bench_{n}x{size}")
+    raw_dir = f"{trial}/raw"
+    out = os.path.join(work, "out")
+    counter = [0]
+
+    def save() -> None:
+        counter[0] += 1
+        storage.commit_checkpoint(src, trial, counter[0], {})
+
+    def raw_put() -> None:
+        fs.makedirs(raw_dir, exist_ok=True)  # a no-op on object stores
+        fs.put(lpaths, [f"{raw_dir}/{x}" for x in names])
+
+    def clean() -> None:
+        storage.delete(trial)
+
+    def wipe() -> None:
+        shutil.rmtree(out, ignore_errors=True)
+        os.makedirs(out)
+
+    rows = []
+    with PeakRss() as rss:
+        t_dt = best_of(reps, save, clean)
+    t_raw = best_of(reps, raw_put, clean)
+    rows.append(Row(name, shape, "save", mib, t_dt, t_raw, rss.peak / MiB))
+
+    clean()
+    ckpt = Checkpoint(storage.commit_checkpoint(src, trial, 0, {}), fs)
+    raw_put()
+    with PeakRss() as rss:
+        t_dt = best_of(reps, lambda: ckpt.to_directory(out), wipe)
+    t_raw = best_of(reps, lambda: fs.get([f"{raw_dir}/{x}" for x in names],
+                                         [os.path.join(out, x) for x in names]), wipe)
+    rows.append(Row(name, shape, "restore", mib, t_dt, t_raw, rss.peak / MiB))
+    wipe()
+    clean()
+    shutil.rmtree(src)
+    return rows
+
+
+def bench_target(name: str, storage: ExperimentStorage, shapes: list[tuple[int, int]],
+                 work: str, reps: int) -> list[Row]:
+    work = os.path.join(work, name)
+    os.makedirs(work)
+    # warm up (imports, sessions, connection pools) so RSS growth is the transfers' own
+    warm = make_files(work, 2, MiB)
+    storage.commit_checkpoint(warm, storage.trial_path("warmup"), 0, {})
+    Checkpoint(storage.trial_path("warmup/checkpoint_000000"), storage.fs).to_directory(
+        warm + "-out")
+    storage.delete(storage.trial_path("warmup"))
+    rows = []
+    for n, size in shapes:
+        rows += bench_shape(name, storage, n, size, work, reps)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--small", action="store_true", help="1 MiB x 20 and 16 MiB x 2")
+    parser.add_argument("--reps", type=int, default=2, help="repetitions (best is kept)")
+    parser.add_argument("--targets", default="local,s3", help="comma-separated: local,s3")
+    args = parser.parse_args(argv)
+    shapes = [(20, MiB), (2, 16 * MiB)] if args.small else [(100, MiB), (2, 256 * MiB)]
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
+    rows: list[Row] = []
+    work = tempfile.mkdtemp(prefix="dasktune-bench-")
+    moto = None
+    try:
+        targets = args.targets.split(",")
+        if "local" in targets:
+            storage = ExperimentStorage(os.path.join(work, "results"), "bench")
+            rows += bench_target("local", storage, shapes, work, args.reps)
+        if "s3" in targets:
+            import s3fs
+
+            moto, endpoint = start_moto()
+            fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint})
+            bucket = f"bench-{uuid.uuid4().hex[:8]}"
+            fs.mkdir(bucket)
+            storage = ExperimentStorage(f"s3://{bucket}/runs", "bench", filesystem=fs)
+            rows += bench_target("s3-moto", storage, shapes, work, args.reps)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if moto is not None:
+            moto.kill()
+            moto.wait()
+    print(f"{'target':<8} {'checkpoint':<13} {'op':<8} {'dasktune MiB/s':>14} "
+          f"{'raw MiB/s':>10} {'ratio':>6} {'peak RSS +MiB':>14}")
+    for r in rows:
+        print(f"{r.target:<8} {r.shape:<13} {r.op:<8} {r.mib / r.dasktune_s:>14.1f} "
+              f"{r.mib / r.raw_s:>10.1f} {r.ratio:>6.2f} {r.peak_rss_mib:>14.1f}")
+
+
+if __name__ == "__main__":
+    main()

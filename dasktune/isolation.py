@@ -1,0 +1,278 @@
+"""Per-trial device isolation: run a trial's code in a process of its own.
+
+``CUDA_VISIBLE_DEVICES`` is read once per process, when CUDA initialises, so two GPU
+trials sharing a worker process cannot see different devices. A trial that was given
+GPUs (or any trial, with the ``dasktune.executor.isolate`` setting) therefore runs in a
+child process whose environment names exactly its devices before anything imports
+CUDA. CPU-only trials keep running in a thread of the worker (no start-up cost).
+
+The child is a fresh interpreter (``subprocess``, not ``multiprocessing``: Dask's nanny
+workers are daemonic processes, which ``multiprocessing`` forbids to have children). It
+runs the same session machinery as the in-thread path -- ``tune.report``,
+``tune.get_checkpoint``, ``tune.get_context``, checkpoints committed to storage straight
+from the child -- and talks to the parent over one socket pair:
+
+* child -> parent: ``("report", result, checkpoint_path)`` per report, relayed to the
+  actor's ``_emit`` (whose bounded buffer is the back-pressure), then ``("done", error)``;
+* parent -> child: ``("stop", after_checkpoint)`` when the actor is asked to stop.
+
+The child never outlives its trial: it exits when the socket closes (the worker went
+away) and, on Linux, is also killed by the kernel when the thread that started it dies
+(``PR_SET_PDEATHSIG``). A child that dies without saying ``done`` errors the trial with
+its exit code; one that ignores a stop for :data:`STOP_GRACE_S` is terminated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
+
+from dasktune import _dask_config
+from dasktune.resources import parse_visible_devices
+
+if TYPE_CHECKING:
+    from dasktune.actor import TrialActor
+    from dasktune.session import TrialSpec
+
+__all__ = ["STOP_GRACE_S", "TrialProcessError", "child_devices", "run_in_process",
+           "wants_process"]
+
+#: Seconds a child may run on after a stop-now request before it is terminated.
+STOP_GRACE_S = 5.0
+_DONE_GRACE_S = 10.0  # a child that said "done" but does not exit is killed after this
+_POLL_S = 0.1
+_ORPHAN_EXIT = 70  # exit status of a child whose parent went away
+
+# The worker's own device list, read before any in-thread trial overwrites the
+# process-wide CUDA_VISIBLE_DEVICES (the actor module imports this one).
+_WORKER_VISIBLE = parse_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+_BOOT = ("import json, sys; sys.path[:0] = json.loads(sys.argv[3]); "
+         "from dasktune.isolation import _child_main; _child_main(int(sys.argv[1]), "
+         "int(sys.argv[2]))")
+
+
+class TrialProcessError(RuntimeError):
+    """A trial's child process raised (the message is its traceback) or died."""
+
+
+def wants_process(spec: TrialSpec) -> bool:
+    """Whether ``spec``'s attempt runs in a child process (it has GPUs, or isolate is on)."""
+    if spec.gpu_ids or float(spec.resources.get("GPU", 0.0) or 0.0) > 0:
+        return True
+    return bool(_dask_config.get("executor.isolate"))
+
+
+def child_devices(gpu_ids: list[str], worker_visible: list[str] | None = None) -> list[str]:
+    """The ``CUDA_VISIBLE_DEVICES`` tokens for a trial given ``gpu_ids`` on this worker.
+
+    The executor hands out ordinals ``"0"``, ``"1"``, ... into the worker's devices; when
+    the worker process itself was limited to some devices (the embedded cluster splits
+    GPUs across workers this way), ordinal ``i`` is the worker's ``i``-th visible device.
+    Tokens that are not such ordinals (UUIDs) pass through unchanged.
+    """
+    visible = _WORKER_VISIBLE if worker_visible is None else worker_visible
+    out = []
+    for token in gpu_ids:
+        token = str(token)
+        if visible and token.isdigit() and int(token) < len(visible):
+            out.append(visible[int(token)])
+        else:
+            out.append(token)
+    return out
+
+
+# ---------------------------------------------------------------------------------- parent
+def run_in_process(actor: TrialActor, worker_address: str) -> None:
+    """Run ``actor``'s attempt in a child process; return when it ended.
+
+    Reports go to ``actor._emit``; the actor's stop flags are relayed to the child.
+    Returns normally when the trial finished or was stopped.
+
+    Raises:
+        TrialProcessError: the trial raised in the child (message: its traceback), or the
+            child died (message: its exit code or signal).
+    """
+    import copy
+    import socket
+
+    import cloudpickle
+
+    spec = copy.copy(actor.spec)
+    devices = child_devices(list(spec.gpu_ids))
+    spec.gpu_ids = devices
+    spec.trainable = cloudpickle.dumps(actor.spec.trainable)
+    payload = cloudpickle.dumps((spec, actor._params, worker_address))
+
+    env = dict(os.environ)
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+    mine, theirs = socket.socketpair()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _BOOT, str(theirs.fileno()), str(os.getpid()),
+             json.dumps([p for p in sys.path if isinstance(p, str)])],
+            env=env, pass_fds=(theirs.fileno(),), cwd=os.getcwd(),
+        )
+    finally:
+        theirs.close()
+    conn = Connection(mine.detach())
+    done, error, stopped = False, None, False
+    try:
+        conn.send_bytes(payload)
+        done, error, stopped = _relay(actor, conn, proc)
+    except (EOFError, OSError):  # the child closed its end: it is exiting or dead
+        stopped = actor._stop_now.is_set()
+    finally:
+        conn.close()
+        # Closing the socket ends a child that ignored a stop (its watchdog sees EOF);
+        # _reap escalates to SIGTERM/SIGKILL if even that does not end it.
+        code = _reap(proc, _DONE_GRACE_S)
+    if error:
+        raise TrialProcessError(f"the trial raised in its process (pid {proc.pid}):\n{error}")
+    if not done and not stopped:
+        raise TrialProcessError(f"the trial's process (pid {proc.pid}) {_describe_exit(code)}")
+
+
+def _relay(actor: TrialActor, conn: Connection,
+           proc: subprocess.Popen[bytes]) -> tuple[bool, str | None, bool]:
+    """Pump reports up and stop requests down; (said done, its error, stopped by us)."""
+    sent_now = sent_ckpt = False
+    kill_at: float | None = None
+    while True:
+        if not sent_ckpt and actor._stop_after_checkpoint.is_set():
+            conn.send_bytes(pickle.dumps(("stop", True)))
+            sent_ckpt = True
+        if not sent_now and actor._stop_now.is_set():
+            conn.send_bytes(pickle.dumps(("stop", False)))
+            sent_now = True
+            kill_at = time.monotonic() + STOP_GRACE_S
+        if kill_at is not None and time.monotonic() > kill_at:
+            return False, None, True  # ignored the stop: _reap terminates it
+        if not conn.poll(_POLL_S):
+            if proc.poll() is not None and not conn.poll(0):
+                return False, None, sent_now
+            continue
+        try:
+            msg = pickle.loads(conn.recv_bytes())
+        except EOFError:
+            return False, None, sent_now
+        if msg[0] == "report":
+            actor._emit(msg[1], msg[2])
+        elif msg[0] == "done":
+            return True, msg[1], sent_now
+
+
+def _reap(proc: subprocess.Popen[bytes], grace: float) -> int:
+    """Wait up to ``grace`` s for the child, then terminate it (then kill); its exit code."""
+    try:
+        return proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        pass
+    proc.terminate()
+    try:
+        return proc.wait(2.0)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "did not exit"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name} (exit code {code})"
+    if code == _ORPHAN_EXIT:
+        return f"exited with code {code} (it lost contact with the worker)"
+    return f"exited with code {code} before the trial finished"
+
+
+# ----------------------------------------------------------------------------------- child
+def _die_with_parent(parent_pid: int) -> None:
+    """Linux: SIGKILL this process when its parent thread dies; exit if it already has."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass  # the socket watchdog still covers a vanished parent
+    if os.getppid() != parent_pid:
+        os._exit(_ORPHAN_EXIT)
+
+
+def _watch_parent(conn: Connection, actor: TrialActor) -> None:
+    """Apply the parent's stop requests; exit at once when the parent goes away."""
+    while True:
+        try:
+            msg = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            os._exit(_ORPHAN_EXIT)
+        if msg[0] == "stop":
+            (actor._stop_after_checkpoint if msg[1] else actor._stop_now).set()
+            with actor._cond:
+                actor._cond.notify_all()
+
+
+def _child_main(fd: int, parent_pid: int) -> None:
+    """Entry point of the trial process: run the attempt, relay to the parent, exit."""
+    import cloudpickle
+
+    from dasktune.actor import TrialActor
+    from dasktune.session import StopTrial, TrialSession, _bind
+    from dasktune.trainable import is_class_trainable
+
+    _die_with_parent(parent_pid)
+    conn = Connection(fd)
+    spec, params, worker_address = cloudpickle.loads(conn.recv_bytes())
+    actor = TrialActor(spec, params)
+    send_lock = threading.Lock()  # user threads may report too
+
+    def emit(result: dict[str, Any] | None, path: str | None) -> None:
+        data = cloudpickle.dumps(("report", result, path))
+        with send_lock:
+            conn.send_bytes(data)
+
+    actor._emit = emit  # type: ignore[method-assign]  # the relay replaces the buffer
+    threading.Thread(target=_watch_parent, args=(conn, actor), daemon=True,
+                     name="dasktune-parent-watch").start()
+    session = TrialSession(spec, emit, actor._should_stop, worker_address)
+    _bind(session)
+    error = None
+    try:
+        if is_class_trainable(spec.trainable):
+            actor._run_class(session)
+        else:
+            actor._run_function(session)
+    except StopTrial:
+        pass
+    except BaseException:  # noqa: BLE001 - the trial's error, reported to the parent
+        error = traceback.format_exc()
+    finally:
+        _bind(None)
+        session.close()
+    try:
+        with send_lock:
+            conn.send_bytes(pickle.dumps(("done", error)))
+    except OSError:
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    # No atexit handlers or waits on threads the user left running: the trial is over.
+    os._exit(0)

@@ -1,0 +1,55 @@
+"""Trial schedulers (Ray's ``ray.tune.schedulers``): pure deciders over trials and results.
+
+``dasktune.schedulers.X`` is ``ray.tune.schedulers.X``, with the same constructor arguments.
+See :mod:`dasktune.schedulers._base` for the contract between a scheduler and the driver.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dasktune.schedulers._async_hyperband import ASHAScheduler, AsyncHyperBandScheduler
+from dasktune.schedulers._base import Exploit, SchedulerContext, TrialScheduler
+from dasktune.schedulers._fifo import FIFOScheduler
+from dasktune.schedulers._hyperband import HyperBandScheduler
+from dasktune.schedulers._median_stopping import MedianStoppingRule
+from dasktune.schedulers._pbt import PopulationBasedTraining
+
+__all__ = [
+    "ASHAScheduler",
+    "AsyncHyperBandScheduler",
+    "Exploit",
+    "FIFOScheduler",
+    "HyperBandScheduler",
+    "MedianStoppingRule",
+    "PopulationBasedTraining",
+    "SchedulerContext",
+    "TrialScheduler",
+    "create_scheduler",
+]
+
+# Ray's names for create_scheduler.
+SCHEDULER_IMPORT: dict[str, type[TrialScheduler]] = {
+    "fifo": FIFOScheduler,
+    "async_hyperband": AsyncHyperBandScheduler,
+    "asynchyperband": AsyncHyperBandScheduler,
+    "median_stopping_rule": MedianStoppingRule,
+    "medianstopping": MedianStoppingRule,
+    "hyperband": HyperBandScheduler,
+    "pbt": PopulationBasedTraining,
+}
+# Ray's names that dasktune does not provide (BOHB, PB2 and resource changing need more).
+_UNAVAILABLE = ("hb_bohb", "pbt_replay", "pb2", "resource_changing")
+
+
+def create_scheduler(scheduler: str, **kwargs: Any) -> TrialScheduler:
+    """Build a scheduler from its Ray short name, e.g. ``create_scheduler("async_hyperband",
+    metric="loss", mode="min")``."""
+    if not isinstance(scheduler, str):
+        raise TypeError(f"create_scheduler needs a scheduler name, got {scheduler!r}")
+    key = scheduler.lower()
+    if key in _UNAVAILABLE:
+        raise ValueError(f"the scheduler {scheduler!r} is not available in dasktune")
+    if key not in SCHEDULER_IMPORT:
+        raise ValueError(f"unknown scheduler {scheduler!r}; known: {sorted(SCHEDULER_IMPORT)}")
+    return SCHEDULER_IMPORT[key](**kwargs)

@@ -1,0 +1,226 @@
+"""The scheduler contract: :class:`TrialScheduler`, its context and its decisions.
+
+A scheduler is a pure decider (Ray's ``ray.tune.schedulers.TrialScheduler``). It sees trials
+and results through a read-only :class:`SchedulerContext` and answers with a decision; the
+driver loop (``controller.py``) carries decisions out. It never touches Dask or the driver.
+
+Decisions returned by :meth:`TrialScheduler.on_trial_result`:
+
+- ``CONTINUE`` / ``NOOP``: keep running.
+- ``PAUSE``: the driver checkpoints and stops the trial, marks it PAUSED and frees its slot;
+  it resumes from that checkpoint when :meth:`~TrialScheduler.choose_trial_to_run` returns it.
+- ``STOP``: the trial is early-stopped (TERMINATED).
+- :class:`Exploit` (PBT): restart the trial with a new config from a donor's checkpoint.
+
+Bookkeeping is keyed by ``trial_id``, never by Trial object: a restored experiment rebuilds its
+trials from JSON, and :meth:`~TrialScheduler.set_state` must still find them. One thread calls
+every hook; schedulers are not thread safe.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import pickle
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from dasktune.trial import PAUSED, PENDING
+
+if TYPE_CHECKING:
+    from dasktune.trial import Trial
+
+__all__ = ["Exploit", "SchedulerContext", "TrialScheduler"]
+
+
+@runtime_checkable
+class SchedulerContext(Protocol):
+    """What a scheduler may see of the experiment (read-only by convention)."""
+
+    def get_trials(self) -> list[Trial]:
+        """All trials, in the order they were added."""
+        ...
+
+    def get_live_trials(self) -> list[Trial]:
+        """Trials that are not TERMINATED or ERROR."""
+        ...
+
+    def time(self) -> float:
+        """The experiment's clock in seconds (a fake one in simulations)."""
+        ...
+
+
+@dataclass
+class Exploit:
+    """PBT decision: restart the trial with ``config`` from the donor's ``checkpoint``."""
+
+    config: dict[str, Any]
+    checkpoint: str
+    donor_trial_id: str
+
+
+def check_mode(mode: Any, where: str) -> None:
+    """Raise ValueError unless ``mode`` is None, ``"min"`` or ``"max"``."""
+    if mode not in (None, "min", "max"):
+        raise ValueError(f"{where}: mode must be 'min' or 'max', got {mode!r}")
+
+
+def result_value(result: dict[str, Any], key: str, trial: Trial, where: str) -> Any:
+    """``result[key]``, or a ValueError naming the key, the trial and the reported keys."""
+    try:
+        return result[key]
+    except KeyError:
+        keys = sorted(k for k in result if k != "config")
+        raise ValueError(
+            f"{where}: trial {trial.trial_id} reported a result without {key!r} "
+            f"(reported keys: {keys})"
+        ) from None
+
+
+class TrialScheduler:
+    """Decides, from results, whether trials continue, pause, stop or exploit.
+
+    Every hook is a documented no-op here; subclasses override what they need. The first
+    argument of each hook, ``tune_controller``, is a :class:`SchedulerContext` (Ray's name
+    kept so Ray schedulers port unchanged).
+
+    State: subclasses list their run-time bookkeeping attribute names in ``_state_attrs``;
+    :meth:`get_state` deep-copies those (plus metric and mode) and :meth:`set_state` puts
+    them back on a freshly built scheduler. Constructor arguments are not state: a restored
+    experiment builds the scheduler from its ``TuneConfig`` again.
+    """
+
+    CONTINUE = "CONTINUE"
+    PAUSE = "PAUSE"
+    STOP = "STOP"
+    NOOP = "NOOP"
+
+    _state_attrs: tuple[str, ...] = ()
+    _supports_buffered_results = True
+
+    def __init__(self, metric: str | None = None, mode: str | None = None):
+        check_mode(mode, type(self).__name__)
+        if metric is not None and not isinstance(metric, str):
+            raise TypeError(f"{type(self).__name__}: metric must be a str, got {metric!r}")
+        self._metric = metric
+        self._mode = mode
+
+    # ------------------------------------------------------------------ metric
+    @property
+    def metric(self) -> str | None:
+        """The metric this scheduler compares, or None until set."""
+        return self._metric
+
+    @property
+    def mode(self) -> str | None:
+        """``"min"`` or ``"max"``, or None until set."""
+        return self._mode
+
+    @property
+    def _metric_op(self) -> float:
+        """+1 to maximise, -1 to minimise: ``op * value`` is always "higher is better"."""
+        return -1.0 if self._mode == "min" else 1.0
+
+    def set_search_properties(self, metric: str | None, mode: str | None, **spec: Any) -> bool:
+        """Take metric and mode from ``TuneConfig`` where this scheduler has none.
+
+        Returns False when the scheduler already has a different metric or mode (the driver
+        then raises). ``spec`` carries extra keywords; unknown ones are ignored.
+        """
+        check_mode(mode, type(self).__name__)
+        if self._metric is not None and metric is not None and metric != self._metric:
+            return False
+        if self._mode is not None and mode is not None and mode != self._mode:
+            return False
+        if metric is not None:
+            self._metric = metric
+        if mode is not None:
+            self._mode = mode
+        return True
+
+    def _require_metric(self, where: str = "") -> None:
+        if self._metric is None or self._mode is None:
+            raise ValueError(
+                f"{type(self).__name__}{where} needs a metric and a mode: pass them to the "
+                f"scheduler or to TuneConfig(metric=..., mode=...)"
+            )
+
+    # ------------------------------------------------------------------ hooks
+    def on_trial_add(self, tune_controller: SchedulerContext, trial: Trial) -> None:
+        """A new trial was created (or a restored PENDING one re-announced)."""
+
+    def on_trial_error(self, tune_controller: SchedulerContext, trial: Trial) -> None:
+        """The trial ended in ERROR."""
+
+    def on_trial_result(
+        self, tune_controller: SchedulerContext, trial: Trial, result: dict[str, Any]
+    ) -> str | Exploit:
+        """A RUNNING trial reported ``result``; return a decision."""
+        return self.CONTINUE
+
+    def on_trial_complete(
+        self, tune_controller: SchedulerContext, trial: Trial, result: dict[str, Any]
+    ) -> None:
+        """The trial is TERMINATED (finished, stopped by a decision, or by a stopper)."""
+
+    def on_trial_remove(self, tune_controller: SchedulerContext, trial: Trial) -> None:
+        """The trial was removed from the experiment."""
+
+    def choose_trial_to_run(self, tune_controller: SchedulerContext) -> Trial | None:
+        """Pick a PENDING or PAUSED trial to start in a free slot, or None.
+
+        Default: the first PENDING trial, else the first PAUSED one.
+        """
+        trials = tune_controller.get_trials()
+        for status in (PENDING, PAUSED):
+            for trial in trials:
+                if trial.status == status:
+                    return trial
+        return None
+
+    def trials_to_stop(self, tune_controller: SchedulerContext) -> list[Trial]:
+        """PAUSED/PENDING trials this scheduler has given up on, for the driver to terminate.
+
+        Returned trials are forgotten here (each is returned once). A driver that does not
+        call this still finishes: :meth:`choose_trial_to_run` falls back to resuming them, and
+        their first result is answered with ``STOP``.
+        """
+        return []
+
+    def debug_string(self) -> str:
+        """One line about this scheduler's state, for progress output."""
+        return f"Using {type(self).__name__}."
+
+    # ------------------------------------------------------------------ state
+    def get_state(self) -> dict[str, Any]:
+        """A picklable dict of run-time bookkeeping (see the class docstring)."""
+        state = {name: copy.deepcopy(getattr(self, name)) for name in self._state_attrs}
+        state["_metric"] = self._metric
+        state["_mode"] = self._mode
+        return state
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`get_state` of an earlier run."""
+        if not isinstance(state, dict):
+            raise TypeError(f"{type(self).__name__}.set_state needs a dict, got {state!r}")
+        for name, value in state.items():
+            if name in self._state_attrs or name in ("_metric", "_mode"):
+                setattr(self, name, copy.deepcopy(value))
+
+    def save(self, checkpoint_path: str) -> None:
+        """Pickle :meth:`get_state` to a local file."""
+        import cloudpickle  # custom functions (PBT explore) may be lambdas
+
+        with open(checkpoint_path, "wb") as f:
+            cloudpickle.dump(self.get_state(), f)
+
+    def restore(self, checkpoint_path: str) -> None:
+        """Load what :meth:`save` wrote."""
+        with open(checkpoint_path, "rb") as f:
+            self.set_state(pickle.load(f))
+
+
+def finite(value: Any) -> bool:
+    """Whether ``value`` is a real number that is not NaN."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(
+        value)

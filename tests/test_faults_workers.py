@@ -1,0 +1,426 @@
+"""Lost, frozen and retiring workers (issue 4, tests 1-4), on real ``dask worker`` processes.
+
+Each trainable keeps a side record in its trial folder: one ``attempts.jsonl`` line
+per attempt (attempt number, pid, the checkpoint it restored, the first iteration it
+runs) and one ``executed.jsonl`` line per iteration it executes. The tests wait on
+those files ("trial X has executed iteration >= k"), never on sleeps, and assert the
+numbers the issue promises against them and against ``result.json``.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import random
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from conftest import DaskProcesses, wait_for
+
+import dasktune as tune
+from dasktune.trial import ERROR, TERMINATED
+
+pytestmark = pytest.mark.slow
+
+
+# ----------------------------------------------------------------------- records
+def _append(trial_dir: str, name: str, record: dict[str, Any]) -> None:
+    # One short write per line on O_APPEND: lines from concurrent writers never interleave.
+    with open(os.path.join(trial_dir, name), "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def read_jsonl(path: str) -> list[dict[str, Any]]:
+    """Every complete JSON line of ``path`` ([] if it does not exist yet)."""
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:  # a line still being written
+            pass
+    return out
+
+
+def trial_dirs(exp_dir: str) -> list[str]:
+    return sorted(d for d in glob.glob(os.path.join(exp_dir, "*")) if os.path.isdir(d))
+
+
+def checkpointed(config: dict[str, Any]) -> None:
+    """Counts to ``iters``, checkpointing every ``k`` iterations; records what it runs."""
+    ctx = tune.get_context()
+    trial_dir, attempt, pid = ctx.get_trial_dir(), ctx.get_attempt(), os.getpid()
+    restored = 0
+    ckpt = tune.get_checkpoint()
+    if ckpt is not None:
+        with ckpt.as_directory() as d, open(os.path.join(d, "state.json")) as f:
+            restored = json.load(f)["i"]
+    _append(trial_dir, "attempts.jsonl", {"attempt": attempt, "pid": pid,
+                                          "restored": restored, "start": restored + 1})
+    for i in range(restored + 1, config["iters"] + 1):
+        time.sleep(config["sleep"])
+        _append(trial_dir, "executed.jsonl", {"attempt": attempt, "pid": pid, "it": i,
+                                              "t": time.time()})
+        checkpoint = None
+        tmp = None
+        if i % config["k"] == 0:
+            tmp = tempfile.mkdtemp(prefix="faults-ckpt-")
+            with open(os.path.join(tmp, "state.json"), "w") as f:
+                json.dump({"i": i}, f)
+            checkpoint = tune.Checkpoint.from_directory(tmp)
+        tune.report({"i": i, "attempt": attempt}, checkpoint=checkpoint)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+            _append(trial_dir, "committed.jsonl", {"attempt": attempt, "it": i})
+
+
+class Counter(tune.Trainable):
+    """The class API: checkpointable on demand (a graceful move loses nothing)."""
+
+    def setup(self, config: dict[str, Any]) -> None:
+        self.i = 0
+        self.sleep = config["sleep"]
+        ctx = tune.get_context()
+        self.dir, self.attempt, self.pid = ctx.get_trial_dir(), ctx.get_attempt(), os.getpid()
+        self.restored: int | None = None
+
+    def step(self) -> dict[str, Any]:
+        if self.restored is None:  # first step of this attempt: restore (if any) is done
+            self.restored = self.i
+            _append(self.dir, "attempts.jsonl", {"attempt": self.attempt, "pid": self.pid,
+                                                 "restored": self.i, "start": self.i + 1})
+        time.sleep(self.sleep)
+        self.i += 1
+        _append(self.dir, "executed.jsonl", {"attempt": self.attempt, "pid": self.pid,
+                                             "it": self.i, "t": time.time()})
+        return {"i": self.i, "attempt": self.attempt, "done": self.i >= self.config["iters"]}
+
+    def save_checkpoint(self, checkpoint_dir: str) -> None:
+        with open(os.path.join(checkpoint_dir, "state.json"), "w") as f:
+            json.dump({"i": self.i}, f)
+
+    def load_checkpoint(self, checkpoint_dir: str) -> None:
+        with open(os.path.join(checkpoint_dir, "state.json")) as f:
+            self.i = json.load(f)["i"]
+
+
+# ----------------------------------------------------------------------- harness
+class Timeline(tune.Callback):
+    """Driver-side record of when each trial was recovered and restarted."""
+
+    def __init__(self) -> None:
+        self.recovered: dict[str, list[float]] = {}
+        self.started: dict[str, list[float]] = {}
+        self.results: dict[str, list[dict[str, Any]]] = {}
+
+    def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.recovered.setdefault(trial.trial_id, []).append(time.time())
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.started.setdefault(trial.trial_id, []).append(time.time())
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
+                        **info: Any) -> None:
+        self.results.setdefault(trial.trial_id, []).append(
+            {"training_iteration": result["training_iteration"], "attempt": result["attempt"]})
+
+
+def no_nanny_workers(procs: DaskProcesses, n: int, resources: str) -> list:
+    """``n`` more workers without a nanny: the PID we signal is the worker itself."""
+    new = [procs.add_worker("--no-nanny", resources=resources) for _ in range(n)]
+    return new
+
+
+@pytest.fixture
+def cluster(dask_processes, monkeypatch) -> Iterator[Any]:
+    """Factory for a real cluster of no-nanny workers with dasktune connected to it."""
+    made: list[DaskProcesses] = []
+    wait = DaskProcesses.wait_workers
+    # The fixture's own workers have a nanny; ours are added after it starts with none.
+    monkeypatch.setattr(DaskProcesses, "wait_workers",
+                        lambda self, n, timeout=60.0: wait(self, n, timeout) if n else None)
+
+    def make(n: int, resources: str = "CPU=1", env: dict[str, str] | None = None
+             ) -> DaskProcesses:
+        procs = dask_processes(n_workers=0, env=env)
+        no_nanny_workers(procs, n, resources)
+        procs.wait_workers(n)
+        tune.init(address=procs.address)
+        made.append(procs)
+        return procs
+
+    yield make
+    tune.shutdown()
+
+
+def run_in_thread(fn) -> tuple[threading.Thread, dict[str, Any]]:
+    """Run ``fn`` (a ``Tuner.fit``) in a thread; its result or exception lands in the dict."""
+    out: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            out["result"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised by the test
+            out["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def join(thread: threading.Thread, out: dict[str, Any], timeout: float = 120.0) -> Any:
+    thread.join(timeout)
+    assert not thread.is_alive(), f"fit() did not finish within {timeout}s"
+    if "error" in out:
+        raise out["error"]
+    return out["result"]
+
+
+def live_attempt(trial_dir: str) -> dict[str, Any] | None:
+    attempts = read_jsonl(os.path.join(trial_dir, "attempts.jsonl"))
+    return attempts[-1] if attempts else None
+
+
+def executed_by(trial_dir: str, attempt: int) -> int:
+    """Highest iteration ``attempt`` of the trial has executed (0 if none)."""
+    its = [r["it"] for r in read_jsonl(os.path.join(trial_dir, "executed.jsonl"))
+           if r["attempt"] == attempt]
+    return max(its, default=0)
+
+
+def result_rows(trial_dir: str) -> list[dict[str, Any]]:
+    return read_jsonl(os.path.join(trial_dir, "result.json"))
+
+
+def assert_one_lineage(trial_dir: str, iters: int) -> list[dict[str, Any]]:
+    """result.json holds iterations 1..iters, each once, in order, continuing across attempts."""
+    rows = result_rows(trial_dir)
+    its = [r["training_iteration"] for r in rows]
+    assert its == list(range(1, iters + 1)), f"{trial_dir}: {its}"
+    assert all(r["i"] == r["training_iteration"] for r in rows)
+    return rows
+
+
+def sigkill(proc) -> float:
+    t = time.time()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    return t
+
+
+# ----------------------------------------------------------------------- 1. chaos
+def test_chaos_sigkill_workers_running_trials(cluster, tmp_path):
+    """12 trials x 20 iterations on 3 workers; 3 workers SIGKILLed at seeded moments."""
+    rng = random.Random(4)
+    iters, k, n_kills = 20, 4, 3
+    procs = cluster(3, resources="CPU=4")
+    exp = tmp_path / "results" / "chaos"
+    tuner = tune.Tuner(
+        checkpointed,
+        param_space={"x": tune.grid_search(list(range(12))), "iters": iters, "k": k,
+                     "sleep": 0.1},
+        run_config=tune.RunConfig(name="chaos", storage_path=str(tmp_path / "results"),
+                                  verbose=0))
+    thread, out = run_in_thread(tuner.fit)
+    killed: dict[int, float] = {}  # pid -> time of the kill
+    try:
+        for _ in range(n_kills):
+            threshold = rng.randint(3, iters - 6)
+
+            def victim() -> Any:
+                # A live worker of ours whose current attempt has passed the threshold.
+                for d in trial_dirs(str(exp)):
+                    a = live_attempt(d)
+                    if a is None or a["pid"] in killed or executed_by(d, a["attempt"]) >= iters:
+                        continue
+                    if executed_by(d, a["attempt"]) >= threshold:
+                        for p in procs.workers:
+                            if p.pid == a["pid"] and p.poll() is None:
+                                return p
+                return None
+
+            proc = wait_for(victim, timeout=60, what=f"a trial past iteration {threshold}")
+            killed[proc.pid] = sigkill(proc)
+            procs.add_worker("--no-nanny", resources="CPU=4")  # capacity stays
+        results = join(thread, out)
+    finally:
+        thread.join(0)
+
+    assert len(results) == 12 and results.num_terminated == 12 and not results.errors
+    dirs = trial_dirs(str(exp))
+    assert len(dirs) == 12
+    moved = 0
+    for d in dirs:
+        attempts = read_jsonl(os.path.join(d, "attempts.jsonl"))
+        executed = read_jsonl(os.path.join(d, "executed.jsonl"))
+        committed = read_jsonl(os.path.join(d, "committed.jsonl"))
+        assert_one_lineage(d, iters)
+        # Every attempt but the last was on a killed worker; the last one finished.
+        assert all(a["pid"] in killed for a in attempts[:-1]), attempts
+        assert attempts[-1]["pid"] not in killed
+        assert executed_by(d, attempts[-1]["attempt"]) == iters
+        if len(attempts) == 1:
+            assert attempts[0]["start"] == 1
+            continue
+        moved += 1
+        for prev, cur in zip(attempts, attempts[1:]):
+            # It resumed from the newest checkpoint its predecessors committed...
+            newest = max((c["it"] for c in committed if c["attempt"] < cur["attempt"]),
+                         default=0)
+            assert cur["restored"] == newest, (d, attempts, committed)
+            assert cur["start"] == newest + 1
+            # ...so this kill re-executes at most k iterations.
+            reached = max(r["it"] for r in executed if r["attempt"] == prev["attempt"])
+            assert reached - newest <= k, (d, reached, newest)
+    assert moved >= n_kills  # each kill hit at least one running trial
+    by_id = {t.trial_id: t for t in results._trials}
+    assert all(t.status == TERMINATED for t in by_id.values())
+    # Every resumed attempt is one counted restart (an actor lost before its trainable
+    # started counts too, so >=).
+    resumed = sum(len(read_jsonl(os.path.join(d, "attempts.jsonl"))) - 1 for d in dirs)
+    assert sum(t.num_restarts for t in by_id.values()) >= resumed >= moved
+    print(f"\nchaos: {n_kills} kills, {moved} trials moved, {resumed} resumed attempts")
+    assert all(t.num_failures == 0 for t in by_id.values())
+    assert not any(t.status == ERROR for t in by_id.values())
+
+
+# ------------------------------------------------------- 2. beyond allowed-failures
+def test_host_killed_more_often_than_allowed_failures(cluster, tmp_path):
+    """Dask gives up on a task after ``allowed-failures`` lost workers; a trial never does."""
+    procs = cluster(2, env={"DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "1"})
+    exp = tmp_path / "results" / "allowed"
+    iters, k, kills = 12, 2, 3
+    tuner = tune.Tuner(
+        checkpointed, param_space={"iters": iters, "k": k, "sleep": 0.1},
+        run_config=tune.RunConfig(name="allowed", storage_path=str(tmp_path / "results"),
+                                  verbose=0))
+    thread, out = run_in_thread(tuner.fit)
+    for n in range(kills):
+        def running() -> Any:
+            dirs = trial_dirs(str(exp))
+            a = live_attempt(dirs[0]) if dirs else None
+            if a is None or a["attempt"] != n + 1 or executed_by(dirs[0], n + 1) < 3 * (n + 1):
+                return None
+            return next(p for p in procs.workers if p.pid == a["pid"])
+        proc = wait_for(running, timeout=60, what=f"attempt {n + 1} past iteration {3 * (n + 1)}")
+        sigkill(proc)
+        procs.add_worker("--no-nanny")
+    results = join(thread, out)
+    (trial,) = results._trials
+    assert trial.status == TERMINATED and trial.num_restarts == kills
+    assert trial.last_result["training_iteration"] == iters
+    d = trial_dirs(str(exp))[0]
+    assert_one_lineage(d, iters)
+    attempts = read_jsonl(os.path.join(d, "attempts.jsonl"))
+    assert [a["attempt"] for a in attempts] == [1, 2, 3, 4]
+    assert all(a["start"] > 1 for a in attempts[1:])
+
+
+# ------------------------------------------------------------- 3. frozen worker
+def _kill_and_measure(procs: DaskProcesses, tmp_path, how: str) -> tuple[float, list, str]:
+    """Run one trial, stop its host with ``how``; seconds from signal to recovery."""
+    timeline = Timeline()
+    name = f"frozen-{how}"
+    exp = tmp_path / "results" / name
+    iters = 30
+    tuner = tune.Tuner(
+        checkpointed, param_space={"iters": iters, "k": 3, "sleep": 0.1},
+        run_config=tune.RunConfig(name=name, storage_path=str(tmp_path / "results"),
+                                  verbose=0, callbacks=[timeline]))
+    thread, out = run_in_thread(tuner.fit)
+    d = wait_for(lambda: (trial_dirs(str(exp)) or [None])[0], what="the trial folder")
+    wait_for(lambda: executed_by(d, 1) >= 4, what="iteration 4 of attempt 1")
+    first = live_attempt(d)
+    proc = next(p for p in procs.workers if p.pid == first["pid"])
+    t0 = time.time()
+    os.kill(proc.pid, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+    try:
+        wait_for(lambda: timeline.recovered, timeout=40, what="the driver noticing the loss")
+        detect = min(min(v) for v in timeline.recovered.values()) - t0
+        wait_for(lambda: executed_by(d, 2) >= 1, what="attempt 2 running")
+        if how == "stop":
+            frozen_at = executed_by(d, 1)
+            os.kill(proc.pid, signal.SIGCONT)
+            # The zombie thaws and runs on (or its worker shuts itself down).
+            wait_for(lambda: executed_by(d, 1) > frozen_at or proc.poll() is not None,
+                     timeout=20, what="the zombie thawing")
+        results = join(thread, out)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+    (trial,) = results._trials
+    assert trial.status == TERMINATED and trial.num_restarts == 1
+    rows = assert_one_lineage(d, iters)
+    attempts = read_jsonl(os.path.join(d, "attempts.jsonl"))
+    assert [a["attempt"] for a in attempts] == [1, 2]
+    # One lineage: attempt 1 up to its checkpoint, then attempt 2 only.
+    start2 = attempts[1]["start"]
+    assert [r["attempt"] for r in rows] == [1] * (start2 - 1) + [2] * (iters - start2 + 1)
+    assert all(r["attempt"] == 2 for r in timeline.results[trial.trial_id]
+               if r["training_iteration"] >= start2)
+    return detect, rows, d
+
+
+def test_sigstop_past_worker_ttl_then_sigcont(cluster, tmp_path):
+    procs = cluster(2, env={"DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL": "3s"})
+    kill_s, _, _ = _kill_and_measure(procs, tmp_path, "kill")
+    procs.add_worker("--no-nanny")
+    procs.wait_workers(2)
+    stop_s, _, d = _kill_and_measure(procs, tmp_path, "stop")
+    # The zombie's iterations after the thaw (if it ran any) never reached result.json.
+    zombie = [r["it"] for r in read_jsonl(os.path.join(d, "executed.jsonl"))
+              if r["attempt"] == 1]
+    logged_1 = [r["training_iteration"] for r in result_rows(d) if r["attempt"] == 1]
+    assert max(logged_1) < max(zombie) or len(zombie) == len(logged_1)
+    print(f"\ndetection: SIGKILL {kill_s:.3f}s, SIGSTOP with worker-ttl=3s {stop_s:.3f}s")
+    assert kill_s < 2.0
+    assert 2.5 < stop_s < 20.0  # only the ttl can notice a frozen process
+
+
+# ------------------------------------------------------- 4. graceful retirement
+@pytest.mark.parametrize("how", ["retire_workers", "sigterm"])
+def test_graceful_retirement_loses_nothing(cluster, tmp_path, how):
+    procs = cluster(2)
+    exp = tmp_path / "results" / "retire"
+    iters = 15
+    tuner = tune.Tuner(
+        Counter, param_space={"iters": iters, "sleep": 0.1},
+        run_config=tune.RunConfig(name="retire", storage_path=str(tmp_path / "results"),
+                                  verbose=0))
+    thread, out = run_in_thread(tuner.fit)
+    d = wait_for(lambda: (trial_dirs(str(exp)) or [None])[0], what="the trial folder")
+    wait_for(lambda: executed_by(d, 1) >= 5, what="iteration 5 of attempt 1")
+    first = live_attempt(d)
+    proc = next(p for p in procs.workers if p.pid == first["pid"])
+    if how == "sigterm":
+        os.kill(proc.pid, signal.SIGTERM)
+    else:
+        from distributed import Client
+
+        with Client(procs.address, set_as_default=False) as other:
+            addr = next(a for a, w in other.scheduler_info(n_workers=-1)["workers"].items()
+                        if w["pid"] == proc.pid)
+            other.retire_workers([addr], close_workers=True)
+    results = join(thread, out)
+    (trial,) = results._trials
+    assert trial.status == TERMINATED
+    assert trial.num_failures == 0
+    assert_one_lineage(d, iters)
+    attempts = read_jsonl(os.path.join(d, "attempts.jsonl"))
+    executed = read_jsonl(os.path.join(d, "executed.jsonl"))
+    assert len(attempts) == 2 and attempts[1]["pid"] != proc.pid
+    reached = max(r["it"] for r in executed if r["attempt"] == attempts[0]["attempt"])
+    assert attempts[1]["start"] == reached + 1  # zero iterations lost
+    assert len(executed) == iters  # and none executed twice
+    wait_for(lambda: proc.poll() is not None, timeout=30, what="the worker leaving")

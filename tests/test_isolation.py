@@ -1,0 +1,202 @@
+"""Trials in processes of their own (``dasktune.isolation``), on real ``dask worker`` processes.
+
+GPU trials (fake ``GPU=2`` workers) and, with ``dasktune.executor.isolate``, every trial
+run in a child of the worker: both trainable APIs, checkpoints committed from the child
+and restored into a new one, errors and crashes, stop requests relayed down, and no child
+outliving its worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+import pytest
+from conftest import DaskProcesses, wait_for
+
+import dasktune as tune
+from dasktune.isolation import child_devices
+from dasktune.trial import ERROR, TERMINATED
+
+pytestmark = pytest.mark.slow
+
+GPU = {"gpu": 1, "cpu": 1}
+
+
+def facts() -> dict[str, Any]:
+    return {"pid": os.getpid(), "ppid": os.getppid(),
+            "cvd": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+
+def resumable(config: dict[str, Any]) -> None:
+    """Checkpoints every step; its first attempt fails after step 2, the retry resumes."""
+    start = 0
+    ckpt = tune.get_checkpoint()
+    if ckpt is not None:
+        with ckpt.as_directory() as d, open(os.path.join(d, "state.json")) as f:
+            start = json.load(f)["i"] + 1
+    for i in range(start, 4):
+        d = os.path.join(tune.get_context().get_trial_dir(), f"ckpt_{i}")
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "state.json"), "w") as f:
+            json.dump({"i": i}, f)
+        tune.report({"i": i, "start": start, **facts()},
+                    checkpoint=tune.Checkpoint.from_directory(d))
+        if i == 2 and tune.get_context().get_attempt() == 1:
+            raise RuntimeError("first attempt fails on purpose")
+
+
+class Counter(tune.Trainable):
+    def setup(self, config: dict[str, Any]) -> None:
+        self.count = 0
+
+    def step(self) -> dict[str, Any]:
+        self.count += 1
+        return {"count": self.count, **facts()}
+
+    def save_checkpoint(self, checkpoint_dir: str) -> None:
+        with open(os.path.join(checkpoint_dir, "c.json"), "w") as f:
+            json.dump({"count": self.count}, f)
+
+    def load_checkpoint(self, checkpoint_dir: str) -> None:
+        with open(os.path.join(checkpoint_dir, "c.json")) as f:
+            self.count = json.load(f)["count"]
+
+
+def failing(config: dict[str, Any]) -> None:
+    tune.report({"x": 1})
+    if config["how"] == "exit":
+        os._exit(3)
+    raise ZeroDivisionError("boom in the child")
+
+
+def endless(config: dict[str, Any]) -> None:
+    with open(os.path.join(config["dir"], f"pid-{os.getpid()}"), "w"):
+        pass
+    i = 0
+    while True:
+        i += 1
+        tune.report({"i": i, **facts()})
+        if config.get("slow"):
+            threading.Event().wait(0.05)
+
+
+def run(trainable: Any, storage: str, name: str, resources: dict[str, float] = GPU,
+        **kw: Any) -> tune.ResultGrid:
+    tc = tune.TuneConfig(**kw.pop("tc", {}))
+    return tune.Tuner(
+        tune.with_resources(trainable, resources), param_space=kw.pop("space", {}),
+        tune_config=tc, run_config=tune.RunConfig(name=name, storage_path=storage, verbose=0,
+                                                  **kw),
+    ).fit()
+
+
+@pytest.fixture
+def gpu_cluster(dask_processes) -> Iterator[Any]:
+    """One ``GPU=2,CPU=4`` worker that isolates every trial; dasktune connected."""
+    procs = dask_processes(n_workers=1, nthreads=2, resources="GPU=2,CPU=4",
+                           env={"DASK_DASKTUNE__EXECUTOR__ISOLATE": "True"})
+    client = tune.init(address=procs.address)
+    yield procs, client, set(client.run(os.getpid).values())
+    tune.shutdown()
+
+
+def test_child_runs_function_and_class_trainables_with_checkpoints(gpu_cluster, tmp_path):
+    _, _, worker_pids = gpu_cluster
+    storage = str(tmp_path / "res")
+
+    results = run(resumable, storage, "fn",
+                  failure_config=tune.FailureConfig(max_failures=1))
+    (res,) = results
+    assert not results.errors, results.errors
+    rows = res.metrics_dataframe.to_dict("records")
+    assert [r["i"] for r in rows] == [0, 1, 2, 3] and rows[-1]["start"] == 3
+    assert len({r["pid"] for r in rows}) == 2  # the retry ran in a new child
+    assert all(r["pid"] not in worker_pids and r["ppid"] in worker_pids for r in rows)
+    assert rows[-1]["cvd"] == "0"
+    with res.checkpoint.as_directory() as d, open(os.path.join(d, "state.json")) as f:
+        assert json.load(f) == {"i": 3}
+
+    results = run(Counter, storage, "cls", stop={"training_iteration": 4},
+                  checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=2))
+    (res,) = results
+    assert not results.errors, results.errors
+    assert res.metrics["count"] == 4 and res.metrics["pid"] not in worker_pids
+    with res.checkpoint.as_directory() as d, open(os.path.join(d, "c.json")) as f:
+        assert json.load(f) == {"count": 4}
+
+    # isolate=True on this worker: a CPU-only trial gets a child too, with no device.
+    results = run(Counter, storage, "cpu", resources={"cpu": 1}, stop={"training_iteration": 1})
+    (res,) = results
+    assert res.metrics["pid"] not in worker_pids and res.metrics["cvd"] == ""
+
+
+def test_child_errors_and_crashes_become_trial_errors(gpu_cluster, tmp_path):
+    results = run(failing, str(tmp_path / "res"), "fail",
+                  space={"how": tune.grid_search(["exit", "raise"])})
+    assert results.num_errors == 2
+    by_how = {r.config["how"]: str(r.error) for r in results}
+    assert "exited with code 3" in by_how["exit"]
+    assert "ZeroDivisionError: boom in the child" in by_how["raise"]
+    assert all(r.metrics["x"] == 1 for r in results)  # the report before the failure arrived
+
+
+def test_stop_is_relayed_and_the_child_ends(gpu_cluster, tmp_path):
+    def stop_at_5(trial_id: str, result: dict[str, Any]) -> bool:  # evaluated by the driver
+        return result["i"] >= 5
+
+    results = run(endless, str(tmp_path / "res"), "stop", stop=stop_at_5,
+                  space={"dir": str(tmp_path)})
+    (res,) = results
+    assert not results.errors and res.metrics["i"] >= 5
+    (marker,) = [n for n in os.listdir(tmp_path) if n.startswith("pid-")]
+    pid = int(marker.split("-")[1])
+    wait_for(lambda: gone(pid), timeout=15, what=f"trial process {pid} to exit")
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_child_dies_with_its_worker(dask_processes, tmp_path):
+    procs: DaskProcesses = dask_processes(n_workers=1, resources="CPU=1")  # keeps the cluster up
+    worker = procs.add_worker("--no-nanny", resources="GPU=1,CPU=1")  # its PID is the worker
+    procs.wait_workers(2)
+    tune.init(address=procs.address)
+    out: dict[str, Any] = {}
+
+    def target() -> None:
+        out["results"] = run(endless, str(tmp_path / "res"), "orphan",
+                             space={"dir": str(tmp_path), "slow": True})
+
+    try:
+        thread = threading.Thread(target=target, daemon=True)
+        thread.start()
+        marker = wait_for(lambda: [n for n in os.listdir(tmp_path) if n.startswith("pid-")],
+                          what="the trial process to start")
+        pid = int(marker[0].split("-")[1])
+        os.kill(worker.pid, signal.SIGKILL)
+        wait_for(lambda: gone(pid), timeout=15, what=f"orphaned trial process {pid} to exit")
+        thread.join(60)
+        assert not thread.is_alive()
+        assert out["results"][0].metrics["i"] >= 1
+    finally:
+        tune.shutdown()
+
+
+def test_child_devices_maps_worker_ordinals():
+    assert child_devices(["0", "1"], None) == ["0", "1"]
+    assert child_devices(["1"], ["3", "5"]) == ["5"]
+    assert child_devices(["GPU-abc"], ["3"]) == ["GPU-abc"]
+
+
+def test_trial_status_names():
+    assert ERROR != TERMINATED  # the module imports stay honest

@@ -1,0 +1,285 @@
+"""The storage layer over every backend: local disk, a second local path standing in
+for NFS (given as a ``file://`` URI), ``memory://`` and S3 (moto's server over HTTP).
+
+memory:// lives in one process, so it is tested here at the storage layer only;
+Tuner runs with workers in other processes are in ``test_s3.py`` (S3) and
+``test_tuner.py`` (local).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import posixpath
+import uuid
+
+import cloudpickle
+import dask.config
+import pytest
+import test_s3_support
+from test_s3_support import s3_options
+
+from dasktune.checkpoint import Checkpoint
+from dasktune.storage import (
+    MANIFEST,
+    ExperimentStorage,
+    StorageError,
+    redact,
+    retry,
+    scrub_options,
+)
+
+BACKENDS = ["local", "nfs", "memory", "s3"]
+
+moto_s3 = test_s3_support.moto_s3  # the fixture, shared with other S3 tests
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request, tmp_path) -> ExperimentStorage:
+    kind = request.param
+    name = f"exp-{uuid.uuid4().hex[:6]}"
+    if kind == "local":
+        return ExperimentStorage(str(tmp_path / "results"), name)
+    if kind == "nfs":
+        return ExperimentStorage(f"file://{tmp_path}/nfs-mount/runs", name)
+    if kind == "memory":
+        return ExperimentStorage(f"memory://dasktune-tests/{uuid.uuid4().hex[:6]}", name)
+    server = request.getfixturevalue("moto_s3")
+    bucket = server.new_bucket()
+    return ExperimentStorage(f"s3://{bucket}/sub/path", name,
+                             storage_options=s3_options(server.endpoint))
+
+
+def make_ckpt(root, tag: str, sizes=(10, 2000)) -> str:
+    d = os.path.join(root, f"src-{tag}-{uuid.uuid4().hex[:4]}")
+    os.makedirs(os.path.join(d, "sub"))
+    for i, size in enumerate(sizes):
+        where = d if i % 2 == 0 else os.path.join(d, "sub")
+        with open(os.path.join(where, f"f{i}.bin"), "wb") as f:
+            f.write(tag.encode() * (size // len(tag) + 1))
+    return d
+
+
+def trial_dir(store: ExperimentStorage) -> str:
+    return store.trial_path("train_0001_x=1")
+
+
+class InjectedCrash(Exception):
+    """Stands in for the writer dying at this point."""
+
+
+def crash_after_files(fs, n: int):
+    """A copy of ``fs`` whose uploads fail after ``n`` files (an fsspec subclass)."""
+    base = type(fs)
+    count = [0]
+
+    def hook() -> None:
+        count[0] += 1
+        if count[0] > n:
+            raise InjectedCrash(f"writer died after {n} files")
+
+    if getattr(fs, "async_impl", False):
+        import asyncio
+
+        lock: list[asyncio.Lock] = []
+
+        async def _put_file(self, lpath, rpath, **kw):
+            if not lock:
+                lock.append(asyncio.Lock())
+            async with lock[0]:  # one upload at a time, so "after n files" is exact
+                hook()
+                return await base._put_file(self, lpath, rpath, **kw)
+
+        attrs = {"_put_file": _put_file}
+    else:
+        def put_file(self, lpath, rpath, **kw):
+            hook()
+            return base.put_file(self, lpath, rpath, **kw)
+
+        attrs = {"put_file": put_file}
+    crashing = type(f"Crashing{base.__name__}", (base,), attrs)
+    # A new instance (fsspec's copy would hand back the cached original).
+    return crashing(**{**fs.storage_options, "skip_instance_cache": True})
+
+
+# ------------------------------------------------------------------ basics
+def test_atomic_files_roundtrip(store):
+    store.check_writable()
+    p = store.path("experiment_state.json")
+    store.write_json(p, {"a": 1})
+    store.write_json(p, {"a": 2, "b": [1, 2]})
+    assert store.read_json(p) == {"a": 2, "b": [1, 2]}
+    assert store.exists(p) and not store.exists(store.path("nope.json"))
+    with pytest.raises(FileNotFoundError):
+        store.read_bytes(store.path("nope.json"))
+    # no temporary or probe files left behind
+    names = {posixpath.basename(n) for n in store.fs.ls(store.experiment_path, detail=False)}
+    assert names == {"experiment_state.json"}
+
+
+def test_storage_travels_pickled(store):
+    store.write_bytes(store.path("x"), b"1")
+    clone = cloudpickle.loads(cloudpickle.dumps(store))
+    assert clone.read_bytes(clone.path("x")) == b"1"
+    assert clone.experiment_path == store.experiment_path
+
+
+def test_uri_has_protocol_and_no_credentials(store):
+    uri = store.uri
+    if store.is_local:
+        assert uri.startswith("/")
+    else:
+        assert uri.startswith(f"{store.protocol}://") and uri.endswith(store.name)
+
+
+# ------------------------------------------------------------- checkpoints
+def test_commit_list_and_read_back(store, tmp_path):
+    tdir = trial_dir(store)
+    src = make_ckpt(tmp_path, "one")
+    p0 = store.commit_checkpoint(src, tdir, 0, {"training_iteration": 3})
+    p1 = store.commit_checkpoint(make_ckpt(tmp_path, "two"), tdir, 1, {"training_iteration": 6})
+    assert posixpath.basename(p0) == "checkpoint_000000"
+    assert store.list_checkpoints(tdir) == [p0, p1]
+    assert store.latest_committed_checkpoint(tdir) == p1
+    manifest = store.read_manifest(p0)
+    assert manifest["files"] == {"f0.bin": 12, "sub/f1.bin": 2001}
+    assert manifest["training_iteration"] == 3 and manifest["checkpoint_index"] == 0
+
+    ckpt = Checkpoint(p0, store.fs)
+    out = ckpt.to_directory(str(tmp_path / "out"))
+    assert sorted(os.listdir(out)) == ["f0.bin", "sub"]  # no manifest in the user's copy
+    assert open(os.path.join(out, "sub", "f1.bin"), "rb").read() == \
+        open(os.path.join(src, "sub", "f1.bin"), "rb").read()
+    with ckpt.as_directory() as d:
+        assert os.path.getsize(os.path.join(d, "f0.bin")) == 12
+        seen = d
+    assert os.path.isdir(seen) == store.is_local  # a remote download is cleaned up
+    assert ckpt.get_metadata()["training_iteration"] == 3
+    # a copy of the checkpoint object (e.g. on a worker) reads the same files
+    clone = cloudpickle.loads(cloudpickle.dumps(ckpt))
+    assert clone.get_metadata()["checkpoint_index"] == 0
+    store.delete(p0)
+    assert store.list_checkpoints(tdir) == [p1]
+
+
+def test_crash_before_manifest_is_skipped_and_never_reused(store, tmp_path, monkeypatch):
+    tdir = trial_dir(store)
+    good = store.commit_checkpoint(make_ckpt(tmp_path, "good"), tdir, 0, {})
+    real = ExperimentStorage.write_bytes
+
+    def dying(self, path, data):
+        if path.endswith(MANIFEST):
+            raise InjectedCrash("killed before the manifest")
+        return real(self, path, data)
+
+    monkeypatch.setattr(ExperimentStorage, "write_bytes", dying)
+    with pytest.raises(InjectedCrash):
+        store.commit_checkpoint(make_ckpt(tmp_path, "torn"), tdir, 1, {})
+    monkeypatch.setattr(ExperimentStorage, "write_bytes", real)
+    torn = posixpath.join(tdir, "checkpoint_000001")
+    assert store.exists(torn) and not store.is_committed(torn)
+    assert store.latest_committed_checkpoint(tdir) == good
+    # the next commit asked for index 1 gets a fresh directory
+    nxt = store.commit_checkpoint(make_ckpt(tmp_path, "next"), tdir, 1, {})
+    assert posixpath.basename(nxt) == "checkpoint_000002"
+    assert store.latest_committed_checkpoint(tdir) == nxt
+
+
+def test_crash_mid_upload(store, tmp_path, monkeypatch):
+    tdir = trial_dir(store)
+    good = store.commit_checkpoint(make_ckpt(tmp_path, "good"), tdir, 0, {})
+    src = make_ckpt(tmp_path, "big", sizes=(1000, 1000, 1000, 1000))
+    with dask.config.set({"dasktune.storage.retries": 0}):
+        if store.is_local:
+            import shutil
+            import types
+
+            def dying_copytree(src_, dst, **kw):
+                shutil.copytree(src_, dst, **kw)
+                raise InjectedCrash("killed before the rename")
+
+            fake = types.SimpleNamespace(copytree=dying_copytree,
+                                         ignore_patterns=shutil.ignore_patterns)
+            monkeypatch.setattr("dasktune.storage.shutil", fake)
+            with pytest.raises(InjectedCrash):
+                store.commit_checkpoint(src, tdir, 1, {})
+            monkeypatch.undo()
+        else:
+            crashing = copy.copy(store)
+            crashing.fs = crash_after_files(store.fs, 2)
+            with pytest.raises(StorageError, match="writer died"):
+                crashing.commit_checkpoint(src, tdir, 1, {})
+            part = posixpath.join(tdir, "checkpoint_000001")
+            assert not store.is_committed(part)
+    assert store.latest_committed_checkpoint(tdir) == good
+    nxt = store.commit_checkpoint(make_ckpt(tmp_path, "after"), tdir, 1, {})
+    assert store.is_committed(nxt)
+    assert store.latest_committed_checkpoint(tdir) == nxt
+    if not store.is_local:  # the half-written directory was not reused
+        assert posixpath.basename(nxt) == "checkpoint_000002"
+
+
+def test_broken_manifests_do_not_count(store, tmp_path):
+    tdir = trial_dir(store)
+    good = store.commit_checkpoint(make_ckpt(tmp_path, "good"), tdir, 0, {})
+    torn = store.commit_checkpoint(make_ckpt(tmp_path, "torn"), tdir, 1, {})
+    store.write_bytes(posixpath.join(torn, MANIFEST), b'{"files": {"f0.b')
+    short = store.commit_checkpoint(make_ckpt(tmp_path, "short"), tdir, 2, {})
+    store.write_bytes(posixpath.join(short, "f0.bin"), b"truncated")
+    missing = store.commit_checkpoint(make_ckpt(tmp_path, "gone"), tdir, 3, {})
+    store.fs.rm(posixpath.join(missing, "sub", "f1.bin"))
+    for bad in (torn, short, missing):
+        assert not store.is_committed(bad), bad
+    assert store.is_committed(good)
+    assert store.latest_committed_checkpoint(tdir) == good
+
+
+# ------------------------------------------------------------ result files
+def test_append_file_keeps_every_line(store):
+    path = store.path("trial", "result.json")
+    store.makedirs(store.path("trial"))
+    fh = store.open_append(path)
+    fh.write(b'{"i": 1}\n')
+    fh.flush(force=True)
+    assert store.read_bytes(path) == b'{"i": 1}\n'
+    fh.write(b'{"i": 2}\n')
+    fh.close()
+    again = store.open_append(path)  # a restored experiment continues the file
+    again.write(b'{"i": 3}\n')
+    again.close()
+    lines = store.read_bytes(path).splitlines()
+    assert [json.loads(x)["i"] for x in lines] == [1, 2, 3]
+
+
+# -------------------------------------------------------------- plain units
+def test_retry_backoff_then_storage_error_names_uri():
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionResetError("reset by peer")
+        return "ok"
+
+    assert retry(flaky, "s3://b/p", retries=3, backoff=0.01) == "ok" and len(calls) == 3
+
+    def down():
+        raise ConnectionRefusedError("http://key=AKIASECRET@host refused")
+
+    with pytest.raises(StorageError) as info:
+        retry(down, "s3://bucket/exp/trial", retries=1, backoff=0.01)
+    assert "s3://bucket/exp/trial" in str(info.value) and "AKIASECRET" not in str(info.value)
+    with pytest.raises(FileNotFoundError):  # permanent errors are not retried
+        retry(lambda: (_ for _ in ()).throw(FileNotFoundError("x")), "p", retries=5)
+
+
+def test_redact_and_scrub():
+    assert redact("s3://user:pw@bucket/p") == "s3://bucket/p"
+    assert "sekrit" not in redact("https://h/x?X-Amz-Credential=AK/1&X-Amz-Signature=sekrit")
+    opts = {"key": "AK", "secret": "S", "token": "T", "anon": False,
+            "client_kwargs": {"endpoint_url": "http://e", "aws_secret_access_key": "S",
+                              "aws_session_token": "T", "region_name": "r"}}
+    assert scrub_options(opts) == {"anon": False, "client_kwargs": {"endpoint_url": "http://e",
+                                                                    "region_name": "r"}}
+    assert scrub_options(None) is None
