@@ -9,7 +9,8 @@ checkpoint shape (1 MiB x 100 files, 256 MiB x 2 files), measures in the same ru
 - the peak growth of this process's RSS while saving and restoring, which must not
   grow with the checkpoint's size (transfers stream from and to disk).
 
-moto runs as a separate process so its in-memory objects do not count as ours.
+Each target and shape runs in a fresh process (dasktune's transfers before the raw
+ones), and moto in another, so no one else's allocations count as ours.
 
     python benchmarks/storage.py            # full sizes
     python benchmarks/storage.py --small    # 1 MiB x 20 and 16 MiB x 2
@@ -18,6 +19,7 @@ moto runs as a separate process so its in-memory objects do not count as ours.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import socket
@@ -47,6 +49,7 @@ class Row:
     dasktune_s: float
     raw_s: float
     peak_rss_mib: float
+    rss_mib: float
 
     @property
     def ratio(self) -> float:
@@ -60,12 +63,14 @@ class PeakRss:
         self.proc = psutil.Process()
         self.base = self.proc.memory_info().rss
         self.peak = 0
+        self.peak_abs = self.base
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, self.proc.memory_info().rss - self.base)
+            rss = self.proc.memory_info().rss
+            self.peak, self.peak_abs = max(self.peak, rss - self.base), max(self.peak_abs, rss)
             time.sleep(0.01)
 
     def __enter__(self) -> PeakRss:
@@ -146,40 +151,52 @@ def bench_shape(name: str, storage: ExperimentStorage, n: int, size: int, work: 
         shutil.rmtree(out, ignore_errors=True)
         os.makedirs(out)
 
-    rows = []
-    with PeakRss() as rss:
-        t_dt = best_of(reps, save, clean)
-    t_raw = best_of(reps, raw_put, clean)
-    rows.append(Row(name, shape, "save", mib, t_dt, t_raw, rss.peak / MiB))
-
-    clean()
+    # dasktune first, in a fresh process (see main): raw transfers run afterwards, so
+    # their own allocations cannot hide in, or inflate, dasktune's memory figure
+    with PeakRss() as rss_save:
+        t_save = best_of(reps, save, clean)
     ckpt = Checkpoint(storage.commit_checkpoint(src, trial, 0, {}), fs)
+    with PeakRss() as rss_restore:
+        t_restore = best_of(reps, lambda: ckpt.to_directory(out), wipe)
+    t_put = best_of(reps, raw_put, clean)
     raw_put()
-    with PeakRss() as rss:
-        t_dt = best_of(reps, lambda: ckpt.to_directory(out), wipe)
-    t_raw = best_of(reps, lambda: fs.get([f"{raw_dir}/{x}" for x in names],
+    t_get = best_of(reps, lambda: fs.get([f"{raw_dir}/{x}" for x in names],
                                          [os.path.join(out, x) for x in names]), wipe)
-    rows.append(Row(name, shape, "restore", mib, t_dt, t_raw, rss.peak / MiB))
     wipe()
     clean()
     shutil.rmtree(src)
-    return rows
+    return [Row(name, shape, "save", mib, t_save, t_put, rss_save.peak / MiB,
+                rss_save.peak_abs / MiB),
+            Row(name, shape, "restore", mib, t_restore, t_get, rss_restore.peak / MiB,
+                rss_restore.peak_abs / MiB)]
 
 
-def bench_target(name: str, storage: ExperimentStorage, shapes: list[tuple[int, int]],
-                 work: str, reps: int) -> list[Row]:
-    work = os.path.join(work, name)
-    os.makedirs(work)
-    # warm up (imports, sessions, connection pools) so RSS growth is the transfers' own
-    warm = make_files(work, 2, MiB)
-    storage.commit_checkpoint(warm, storage.trial_path("warmup"), 0, {})
-    Checkpoint(storage.trial_path("warmup/checkpoint_000000"), storage.fs).to_directory(
-        warm + "-out")
-    storage.delete(storage.trial_path("warmup"))
-    rows = []
-    for n, size in shapes:
-        rows += bench_shape(name, storage, n, size, work, reps)
-    return rows
+def make_storage(target: str, endpoint: str | None, work: str) -> ExperimentStorage:
+    if target == "local":
+        return ExperimentStorage(os.path.join(work, "results"), "bench")
+    import s3fs
+
+    fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint})
+    bucket = f"bench-{uuid.uuid4().hex[:8]}"
+    fs.mkdir(bucket)
+    return ExperimentStorage(f"s3://{bucket}/runs", "bench", filesystem=fs)
+
+
+def run_one(target: str, n: int, size: int, endpoint: str | None, reps: int) -> list[Row]:
+    """One target and shape, in this (fresh) process."""
+    work = tempfile.mkdtemp(prefix="dasktune-bench-")
+    try:
+        storage = make_storage(target, endpoint, work)
+        # warm up (imports, sessions, connection pools) so RSS growth is the transfers' own
+        warm = make_files(work, 2, MiB)
+        storage.commit_checkpoint(warm, storage.trial_path("warmup"), 0, {})
+        Checkpoint(storage.trial_path("warmup/checkpoint_000000"), storage.fs).to_directory(
+            warm + "-out")
+        storage.delete(storage.trial_path("warmup"))
+        return bench_shape("s3-moto" if target == "s3" else target, storage, n, size, work,
+                           reps)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -187,37 +204,39 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--small", action="store_true", help="1 MiB x 20 and 16 MiB x 2")
     parser.add_argument("--reps", type=int, default=2, help="repetitions (best is kept)")
     parser.add_argument("--targets", default="local,s3", help="comma-separated: local,s3")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # child: "target:n:size"
+    parser.add_argument("--endpoint", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    shapes = [(20, MiB), (2, 16 * MiB)] if args.small else [(100, MiB), (2, 256 * MiB)]
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
+    if args.one:
+        target, n, size = args.one.split(":")
+        rows = run_one(target, int(n), int(size), args.endpoint, args.reps)
+        print(json.dumps([r.__dict__ for r in rows]))
+        return
+    shapes = [(20, MiB), (2, 16 * MiB)] if args.small else [(100, MiB), (2, 256 * MiB)]
+    targets = args.targets.split(",")
+    for t in targets:
+        if t not in ("local", "s3"):
+            raise ValueError(f"--targets: unknown target {t!r} (use local, s3)")
     rows: list[Row] = []
-    work = tempfile.mkdtemp(prefix="dasktune-bench-")
-    moto = None
+    moto, endpoint = start_moto() if "s3" in targets else (None, None)
     try:
-        targets = args.targets.split(",")
-        if "local" in targets:
-            storage = ExperimentStorage(os.path.join(work, "results"), "bench")
-            rows += bench_target("local", storage, shapes, work, args.reps)
-        if "s3" in targets:
-            import s3fs
-
-            moto, endpoint = start_moto()
-            fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint})
-            bucket = f"bench-{uuid.uuid4().hex[:8]}"
-            fs.mkdir(bucket)
-            storage = ExperimentStorage(f"s3://{bucket}/runs", "bench", filesystem=fs)
-            rows += bench_target("s3-moto", storage, shapes, work, args.reps)
+        for target in targets:
+            for n, size in shapes:
+                cmd = [sys.executable, __file__, "--one", f"{target}:{n}:{size}",
+                       "--reps", str(args.reps)] + (["--endpoint", endpoint] if endpoint else [])
+                out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+                rows += [Row(**r) for r in json.loads(out.strip().splitlines()[-1])]
     finally:
-        shutil.rmtree(work, ignore_errors=True)
         if moto is not None:
             moto.kill()
             moto.wait()
     print(f"{'target':<8} {'checkpoint':<13} {'op':<8} {'dasktune MiB/s':>14} "
-          f"{'raw MiB/s':>10} {'ratio':>6} {'peak RSS +MiB':>14}")
+          f"{'raw MiB/s':>10} {'ratio':>6} {'peak RSS +MiB':>14} {'peak RSS MiB':>13}")
     for r in rows:
         print(f"{r.target:<8} {r.shape:<13} {r.op:<8} {r.mib / r.dasktune_s:>14.1f} "
-              f"{r.mib / r.raw_s:>10.1f} {r.ratio:>6.2f} {r.peak_rss_mib:>14.1f}")
+              f"{r.mib / r.raw_s:>10.1f} {r.ratio:>6.2f} {r.peak_rss_mib:>14.1f} {r.rss_mib:>13.0f}")
 
 
 if __name__ == "__main__":

@@ -108,6 +108,12 @@ class TrialActor:
             return {"reports": batch, "finished": finished,
                     "error": self._error if finished else None}
 
+    async def reset(self, spec: TrialSpec) -> None:
+        """Take a new attempt (of any trial) once the previous one has ended."""
+        if self._thread is not None and self._thread.is_alive():
+            raise RuntimeError("the previous trial of this actor is still running")
+        self.__init__(spec, self._params)  # type: ignore[misc]
+
     async def stop(self, checkpoint: bool = False) -> None:
         """End the attempt: at once, or after its next checkpoint (``checkpoint=True``).
 

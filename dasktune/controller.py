@@ -142,6 +142,8 @@ class TuneController:
         self._waiting_reason: str | None = None
         self._dirty = False
         self._retiring: set[str] = set()
+        self._no_workers_since: float | None = None
+        self._no_workers_timeout = _dask_config.get_seconds("executor.no-workers-timeout")
         self.num_reports = 0
         # A scheduler that decides per result (ASHA, HyperBand, PBT, ...) gets results
         # one at a time: report() waits for the driver to receive each, so a decision
@@ -193,7 +195,8 @@ class TuneController:
         if self._dirty and now - self._last_save >= self._save_period:
             self.save()
         if self._reporter is not None:
-            self._reporter.maybe_report(self.trials, self._status_line())
+            self._reporter.maybe_report(self.trials, self._status_line(),
+                                        total=self.search_alg.total_samples)
 
     def _status_line(self) -> str:
         if self._waiting_reason:
@@ -267,9 +270,22 @@ class TuneController:
             why = self.executor.can_ever_fit(trial.resources)
             if why is not None and not self._can_scale:
                 raise ValueError(f"trial {trial.trial_id} can never be placed: {why}")
+            if not self.executor.workers():
+                why = "the cluster has no workers"
+                if self._no_workers_since is None:
+                    self._no_workers_since = time.monotonic()
+                elif time.monotonic() - self._no_workers_since > self._no_workers_timeout and \
+                        not self.executor.num_running:
+                    raise RuntimeError(
+                        f"the cluster has had no workers for {self._no_workers_timeout:.0f}s "
+                        "(dasktune.executor.no-workers-timeout); the experiment can be "
+                        f"continued with Tuner.restore({self.storage.uri!r}, ...)")
+            else:
+                self._no_workers_since = None
             self._waiting_reason = why or "all workers busy"
             return False
         self._waiting_reason = None
+        self._no_workers_since = None
         was_paused = trial.status == PAUSED
         trial.attempt += 1
         restore = trial.restore_path or trial.checkpoint

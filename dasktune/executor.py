@@ -66,6 +66,7 @@ class _Run:
     future: Future | None = None
     task: asyncio.Future[Any] | None = None
     started: bool = False
+    finished: bool = False  # its actor's thread ended cleanly: the actor can be reused
 
 
 class DaskExecutor:
@@ -88,6 +89,8 @@ class DaskExecutor:
         self._retiring: set[str] = set()
         self._gone: set[str] = set()
         self._watching = False
+        self._idle: dict[str, list[tuple[str, Future]]] = {}
+        self._pool_size = int(_dask_config.get("executor.idle-actors-per-worker"))
 
     # ------------------------------------------------------------ cluster events
     def watch_cluster(self) -> bool:
@@ -213,6 +216,11 @@ class DaskExecutor:
                                                             self._devices(worker)) or []
         run = _Run(spec=spec, worker=worker, resources=dict(resources),
                    key=f"dasktune-{spec.trial_id}-{spec.attempt}")
+        idle = self._idle.get(worker)
+        if idle and not spec.gpu_ids:
+            # Reuse an actor whose trial ended on this worker: no task round trip
+            # through the scheduler for the next trial (Ray's reuse_actors, always on).
+            run.key, run.future = idle.pop()
         self._runs[spec.trial_id] = run
         run.task = asyncio.run_coroutine_threadsafe(self._drive(run, params or {}), self._loop)
 
@@ -241,12 +249,20 @@ class DaskExecutor:
             run.task.cancel()
         future = run.future
         run.future = None
-        if future is not None:
+        if future is None:
+            return
+        pool = self._idle.setdefault(run.worker, [])
+        if run.finished and not self._closed and run.worker not in self._gone and \
+                len(pool) < self._pool_size:
+            pool.append((run.key, future))
+        else:
             self._loop.call_soon_threadsafe(future.release)
 
     def lose_worker(self, addr: str) -> list[str]:
         """Mark every attempt on ``addr`` lost (told by the scheduler plugin)."""
         lost = self.running_on(addr)
+        for _key, future in self._idle.pop(addr, []):
+            self._loop.call_soon_threadsafe(future.release)
         for tid in lost:
             run = self._runs[tid]
             self._events.put(ExecEvent(LOST, tid, run.spec.attempt,
@@ -288,6 +304,10 @@ class DaskExecutor:
                 except Exception:  # noqa: BLE001 - best effort on the way out
                     pass
             self.release(tid)
+        for pool in self._idle.values():
+            for _key, future in pool:
+                self._loop.call_soon_threadsafe(future.release)
+        self._idle.clear()
 
     # ------------------------------------------------------------ async side
     async def _call(self, run: _Run, method: str, *args: Any, timeout: float = 30.0) -> Any:
@@ -313,30 +333,48 @@ class DaskExecutor:
         except Exception as exc:  # noqa: BLE001 - the poll loop reports a dead actor
             logger.debug("%s(%s) on %s failed: %r", method, run.spec.trial_id, run.worker, exc)
 
+    async def _create(self, run: _Run, params: dict[str, Any]) -> None:
+        """Create the attempt's actor on its worker; on failure, report and leave
+        ``run.future`` None."""
+        spec = run.spec
+        tid, attempt = spec.trial_id, spec.attempt
+        run.future = self.client.submit(
+            TrialActor, spec, params, actor=True, workers=[run.worker],
+            allow_other_workers=False, key=run.key, pure=False,
+        )
+        try:
+            await asyncio.wait_for(run.future, self._start_timeout)
+            return
+        except asyncio.TimeoutError:
+            self._events.put(ExecEvent(LOST, tid, attempt, error=(
+                f"actor for trial {tid} was not created on {run.worker} within "
+                f"{self._start_timeout:.0f}s")))
+        except Exception as exc:  # noqa: BLE001 - creation failed on the worker
+            from distributed.scheduler import KilledWorker
+
+            if isinstance(exc, KilledWorker) or run.worker in self._gone or \
+                    run.worker not in self.workers(refresh=True):
+                self._events.put(ExecEvent(LOST, tid, attempt, error=repr(exc)))
+            else:
+                self._events.put(ExecEvent(START_FAILED, tid, attempt,
+                                           error=_format_remote_error(exc)))
+        future, run.future = run.future, None
+        future.release()
+
     async def _drive(self, run: _Run, params: dict[str, Any]) -> None:
         spec = run.spec
         tid, attempt = spec.trial_id, spec.attempt
         try:
-            run.future = self.client.submit(
-                TrialActor, spec, params, actor=True, workers=[run.worker],
-                allow_other_workers=False, key=run.key, pure=False,
-            )
-            try:
-                await asyncio.wait_for(run.future, self._start_timeout)
-            except asyncio.TimeoutError:
-                self._events.put(ExecEvent(LOST, tid, attempt, error=(
-                    f"actor for trial {tid} was not created on {run.worker} within "
-                    f"{self._start_timeout:.0f}s")))
-                return
-            except Exception as exc:  # noqa: BLE001 - creation failed on the worker
-                from distributed.scheduler import KilledWorker
-
-                if isinstance(exc, KilledWorker) or run.worker in self._gone or \
-                        run.worker not in self.workers(refresh=True):
-                    self._events.put(ExecEvent(LOST, tid, attempt, error=repr(exc)))
-                else:
-                    self._events.put(ExecEvent(START_FAILED, tid, attempt,
-                                               error=_format_remote_error(exc)))
+            if run.future is not None:  # a reused actor: load the new attempt into it
+                try:
+                    await self._call(run, "reset", spec, timeout=30.0)
+                except Exception:  # noqa: BLE001 - a dead pooled actor: make a fresh one
+                    run.future.release()
+                    run.future = None
+                    run.key = f"dasktune-{spec.trial_id}-{spec.attempt}"
+            if run.future is None:
+                await self._create(run, params)
+            if run.future is None:
                 return
             info = await self._call(run, "start")
             run.started = True
@@ -356,6 +394,7 @@ class DaskExecutor:
                                                error=reply["error"]))
                 if reply["finished"]:
                     await self._call_quiet(run, "poll", ack, 0)  # let it drop the last batch
+                    run.finished = True
                     return
         except asyncio.CancelledError:
             raise

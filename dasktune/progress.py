@@ -40,8 +40,18 @@ class ProgressReporter:
         self._last = 0.0
         self._start = time.monotonic()
 
-    def maybe_report(self, trials: list[Trial], status: str = "") -> None:
+    total: int | None = None
+
+    @property
+    def _tty(self) -> bool:
+        isatty = getattr(self.out, "isatty", None)
+        return bool(isatty and isatty())
+
+    def maybe_report(self, trials: list[Trial], status: str = "", total: int | None = None
+                     ) -> None:
         now = time.monotonic()
+        if total is not None:
+            self.total = total
         if self.verbose == 0 or now - self._last < self.period:
             return
         self._last = now
@@ -53,6 +63,21 @@ class ProgressReporter:
             return
         self.out.write(self.render(trials, "finished") + "\n")
         self.out.flush()
+
+    def progress_bar(self, trials: list[Trial], width: int = 20) -> str:
+        """``[#####-----] 12/40 trials, ETA 1m30s`` when the total is known, else ''."""
+        total = self.total
+        if not total:
+            return ""
+        done = sum(1 for t in trials if t.status in (TERMINATED, ERROR))
+        filled = int(width * done / total)
+        bar = "#" * filled + "-" * (width - filled)
+        elapsed = time.monotonic() - self._start
+        eta = ""
+        if 0 < done < total:
+            left = elapsed / done * (total - done)
+            eta = f", ETA {_duration(left)}"
+        return f"[{bar}] {done}/{total} trials{eta}"
 
     # ------------------------------------------------------------ rendering
     def _value(self, trial: Trial) -> float | None:
@@ -81,6 +106,9 @@ class ProgressReporter:
             head += f" | best {self.metric}={self._value(best):.6g} ({best.trial_id})"
         if status:
             head += f" | {status}"
+        bar = self.progress_bar(trials)
+        if bar:
+            head += f"\n{bar}"
         if self.verbose < 2:
             return head
         rows = sorted(trials, key=self._sort_key)
@@ -100,8 +128,11 @@ class ProgressReporter:
                 row.append(_short_config(t.config))
             table.append(row)
         widths = [max(len(r[i]) for r in table) for i in range(len(cols))]
-        for r in table:
-            lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+        for i, r in enumerate(table):
+            line = "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
+            if self._tty and i > 0 and shown[i - 1] is best:
+                line = f"\033[1m{line}\033[0m"  # bold on a terminal only
+            lines.append(line)
         if len(rows) > len(shown):
             lines.append(f"  +{len(rows) - len(shown)} more")
         return "\n".join(lines)
@@ -117,3 +148,12 @@ def _short_config(config: dict[str, Any], limit: int = 60) -> str:
     text = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                      for k, v in config.items() if not isinstance(v, dict))
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"

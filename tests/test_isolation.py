@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,8 +21,7 @@ import pytest
 from conftest import DaskProcesses, wait_for
 
 import dasktune as tune
-from dasktune.isolation import child_devices
-from dasktune.trial import ERROR, TERMINATED
+from dasktune.isolation import STOP_GRACE_S, child_devices
 
 pytestmark = pytest.mark.slow
 
@@ -81,9 +81,17 @@ def endless(config: dict[str, Any]) -> None:
     i = 0
     while True:
         i += 1
-        tune.report({"i": i, **facts()})
+        tune.report({"i": i, "attempt": tune.get_context().get_attempt(), **facts()})
         if config.get("slow"):
             threading.Event().wait(0.05)
+
+
+def stuck(config: dict[str, Any]) -> None:
+    """Reports once, then never reaches another report: only termination ends it."""
+    with open(os.path.join(config["dir"], f"stuck-{os.getpid()}"), "w"):
+        pass
+    tune.report({"i": 1})
+    threading.Event().wait(120)
 
 
 def run(trainable: Any, storage: str, name: str, resources: dict[str, float] = GPU,
@@ -118,7 +126,7 @@ def test_child_runs_function_and_class_trainables_with_checkpoints(gpu_cluster, 
     assert [r["i"] for r in rows] == [0, 1, 2, 3] and rows[-1]["start"] == 3
     assert len({r["pid"] for r in rows}) == 2  # the retry ran in a new child
     assert all(r["pid"] not in worker_pids and r["ppid"] in worker_pids for r in rows)
-    assert rows[-1]["cvd"] == "0"
+    assert res.metrics["cvd"] == "0"  # (the dataframe reads it back as a number)
     with res.checkpoint.as_directory() as d, open(os.path.join(d, "state.json")) as f:
         assert json.load(f) == {"i": 3}
 
@@ -158,6 +166,14 @@ def test_stop_is_relayed_and_the_child_ends(gpu_cluster, tmp_path):
     pid = int(marker.split("-")[1])
     wait_for(lambda: gone(pid), timeout=15, what=f"trial process {pid} to exit")
 
+    # A child that never reports again is terminated STOP_GRACE_S after the stop.
+    start = time.monotonic()
+    results = run(stuck, str(tmp_path / "res"), "stuck", stop=lambda tid, result: True,
+                  space={"dir": str(tmp_path)})
+    assert not results.errors and time.monotonic() - start < STOP_GRACE_S + 15
+    (marker,) = [n for n in os.listdir(tmp_path) if n.startswith("stuck-")]
+    wait_for(lambda: gone(int(marker.split("-")[1])), timeout=15, what="the stuck child to exit")
+
 
 def gone(pid: int) -> bool:
     try:
@@ -167,15 +183,18 @@ def gone(pid: int) -> bool:
 
 
 def test_child_dies_with_its_worker(dask_processes, tmp_path):
-    procs: DaskProcesses = dask_processes(n_workers=1, resources="CPU=1")  # keeps the cluster up
-    worker = procs.add_worker("--no-nanny", resources="GPU=1,CPU=1")  # its PID is the worker
-    procs.wait_workers(2)
+    procs: DaskProcesses = dask_processes(n_workers=1, resources="CPU=1")
+    # Two no-nanny GPU workers: the PID we kill is the worker process itself.
+    gpu_workers = {w.pid: w for w in
+                   (procs.add_worker("--no-nanny", resources="GPU=1,CPU=1") for _ in range(2))}
+    procs.wait_workers(3)
     tune.init(address=procs.address)
     out: dict[str, Any] = {}
 
     def target() -> None:
         out["results"] = run(endless, str(tmp_path / "res"), "orphan",
-                             space={"dir": str(tmp_path), "slow": True})
+                             space={"dir": str(tmp_path), "slow": True},
+                             stop=lambda tid, result: result["attempt"] >= 2)
 
     try:
         thread = threading.Thread(target=target, daemon=True)
@@ -183,11 +202,14 @@ def test_child_dies_with_its_worker(dask_processes, tmp_path):
         marker = wait_for(lambda: [n for n in os.listdir(tmp_path) if n.startswith("pid-")],
                           what="the trial process to start")
         pid = int(marker[0].split("-")[1])
-        os.kill(worker.pid, signal.SIGKILL)
+        host = psutil.Process(pid).ppid()
+        assert host in gpu_workers
+        os.kill(host, signal.SIGKILL)
         wait_for(lambda: gone(pid), timeout=15, what=f"orphaned trial process {pid} to exit")
-        thread.join(60)
+        thread.join(60)  # the retry runs on the other worker and is stopped there
         assert not thread.is_alive()
-        assert out["results"][0].metrics["i"] >= 1
+        (res,) = out["results"]
+        assert res.metrics["attempt"] == 2 and res.metrics["ppid"] != host
     finally:
         tune.shutdown()
 
@@ -196,7 +218,3 @@ def test_child_devices_maps_worker_ordinals():
     assert child_devices(["0", "1"], None) == ["0", "1"]
     assert child_devices(["1"], ["3", "5"]) == ["5"]
     assert child_devices(["GPU-abc"], ["3"]) == ["GPU-abc"]
-
-
-def test_trial_status_names():
-    assert ERROR != TERMINATED  # the module imports stay honest

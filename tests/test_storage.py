@@ -283,3 +283,21 @@ def test_redact_and_scrub():
     assert scrub_options(opts) == {"anon": False, "client_kwargs": {"endpoint_url": "http://e",
                                                                     "region_name": "r"}}
     assert scrub_options(None) is None
+
+
+def test_transfers_have_bounded_memory(moto_s3):
+    """Large checkpoints stream: uploads send bounded parts, downloads one streaming GET
+    per file, whatever the file size (see benchmarks/storage.py for the figures)."""
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    from dasktune.storage import transfer_kwargs
+
+    fs = ExperimentStorage("s3://b/p", "e", storage_options=s3_options(moto_s3.endpoint)).fs
+    put = transfer_kwargs(fs, "put")
+    assert put["chunksize"] * put["max_concurrency"] * put["batch_size"] <= 256 * 2**20
+    assert transfer_kwargs(fs, "get")["max_concurrency"] == 1
+    with dask.config.set({"dasktune.storage.transfer.part-size": 2**20}):
+        assert transfer_kwargs(fs, "put")["chunksize"] == 2**20
+    assert transfer_kwargs(MemoryFileSystem(), "put") == {}
+    with pytest.raises(ValueError, match="op"):
+        transfer_kwargs(fs, "copy")
