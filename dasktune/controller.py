@@ -309,6 +309,7 @@ class TuneController:
             experiment_tag=trial.experiment_tag,
             max_buffered=int(_dask_config.get("executor.max-buffered-reports")),
             sync_reports=self._sync_reports,
+            isolate=bool(_dask_config.get("executor.isolate")),
         )
         trial.restore_path = None
         # A restart continues the iteration count of its checkpoint, or restarts at 0.

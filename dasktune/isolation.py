@@ -69,7 +69,7 @@ def wants_process(spec: TrialSpec) -> bool:
     """Whether ``spec``'s attempt runs in a child process (it has GPUs, or isolate is on)."""
     if spec.gpu_ids or float(spec.resources.get("GPU", 0.0) or 0.0) > 0:
         return True
-    return bool(_dask_config.get("executor.isolate"))
+    return bool(spec.isolate or _dask_config.get("executor.isolate"))
 
 
 def child_devices(gpu_ids: list[str], worker_visible: list[str] | None = None) -> list[str]:
@@ -122,6 +122,9 @@ def run_in_process(actor: TrialActor, worker_address: str) -> None:
              json.dumps([p for p in sys.path if isinstance(p, str)])],
             env=env, pass_fds=(theirs.fileno(),), cwd=os.getcwd(),
         )
+    except BaseException:
+        mine.close()
+        raise
     finally:
         theirs.close()
     conn = Connection(mine.detach())

@@ -41,10 +41,12 @@ class Result:
     filesystem: Any = None
     best_checkpoints: list[tuple[Checkpoint, dict[str, Any]]] = field(default_factory=list)
     _metrics_dataframe: Any = None
+    _config: dict[str, Any] | None = None
 
     @property
     def config(self) -> dict[str, Any] | None:
-        return (self.metrics or {}).get("config")
+        """The trial's config (also for a trial that failed before its first report)."""
+        return (self.metrics or {}).get("config", self._config)
 
     @property
     def metrics_dataframe(self) -> pd.DataFrame | None:
@@ -99,7 +101,8 @@ def result_from_trial(trial: Trial, storage: ExperimentStorage | None,
     if metrics:
         metrics.setdefault("config", trial.config)
     return Result(metrics=metrics or None, checkpoint=checkpoint, error=error,
-                  path=trial.path or "", filesystem=fs, best_checkpoints=best)
+                  path=trial.path or "", filesystem=fs, best_checkpoints=best,
+                  _config=trial.config)
 
 
 class ResultGrid:

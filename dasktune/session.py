@@ -60,6 +60,9 @@ class TrialSpec:
     experiment_tag: str = ""
     max_buffered: int = 10000
     sync_reports: bool = False
+    # Run the user's code in a child process (always for GPU trials); set from the
+    # driver's dasktune.executor.isolate so the driver's setting is what counts.
+    isolate: bool = False
 
 
 class TrialSession:

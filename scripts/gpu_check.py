@@ -1,14 +1,14 @@
 #!/usr/bin/env python
-"""GPU isolation check for a real GPU host.
+"""GPU isolation check for a real GPU host, through ``dasktune.Tuner``.
 
-Starts a ``LocalCluster`` whose worker advertises the host's resources
-(``dasktune.resources.detect_resources``), then runs on it:
+Starts dasktune's embedded cluster as one worker process that holds every detected GPU
+(so concurrent trials share a worker process, the hard case), then runs one experiment:
 
-* two tasks with ``resources={"GPU": 1}``: each takes a device from a per-worker
-  ``GPUAllocator``, sets ``CUDA_VISIBLE_DEVICES`` to it and, in a fresh subprocess,
-  allocates a tensor on CUDA and reports ``torch.cuda.current_device()``, the visible
-  devices and the PCI bus id;
-* one CPU-only task, whose subprocess must see no CUDA device.
+* two GPU trials, ``tune.with_resources(trainable, {"gpu": 1})`` (``0.5`` on a one-GPU
+  host, where they must share the device), that meet at a barrier so they surely run at
+  once; each allocates a tensor on CUDA and reports ``torch.cuda.current_device()``, its
+  ``CUDA_VISIBLE_DEVICES``, the device count and the PCI bus id;
+* one CPU-only trial, which must see no CUDA device.
 
 Prints a JSON summary; exits 1 if isolation failed, 0 if it held or when there is no GPU
 or no torch here (skipped). Usage: ``python scripts/gpu_check.py [--timeout SECONDS]``.
@@ -18,91 +18,104 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import glob
 import json
 import os
-import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-# Run from a checkout without installing dasktune (here, in the workers and their tasks).
+# Run from a checkout without installing dasktune (here, in the workers and their trials).
 _REPO = str(Path(__file__).resolve().parents[1])
 sys.path.insert(0, _REPO)
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_REPO, os.environ.get("PYTHONPATH")]))
 
-from dasktune.resources import (  # noqa: E402
-    GPUAllocator,
-    GPUInfo,
-    detect_gpus,
-    detect_resources,
-    format_resources,
-    worker_devices,
-)
-
-# Runs in the trial's fresh process: only what CUDA_VISIBLE_DEVICES lets it see.
-_PROBE = r"""
-import json, os, sys
-import torch
-out = {
-    "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-    "available": torch.cuda.is_available(),
-    "device_count": torch.cuda.device_count(),
-}
-if sys.argv[1] == "gpu":
-    x = torch.ones(1 << 20, device="cuda")
-    torch.cuda.synchronize()
-    dev = torch.cuda.current_device()
-    props = torch.cuda.get_device_properties(dev)
-    ids = [getattr(props, a, None) for a in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
-    out.update(
-        current_device=dev,
-        tensor_device=str(x.device),
-        name=props.name,
-        uuid=str(getattr(props, "uuid", "") or ""),
-        pci_bus_id="%08X:%02X:%02X.0" % tuple(ids) if None not in ids else None,
-    )
-print(json.dumps(out))
-"""
-
-_ALLOCATOR_ATTR = "_dasktune_gpu_check_allocator"
+import dasktune as tune  # noqa: E402
+from dasktune.resources import GPUInfo, detect_gpus, detect_resources, format_resources  # noqa: E402
 
 
-def _allocator(worker: object) -> GPUAllocator:
-    # One ledger per worker process, shared by its task threads (dict.setdefault is atomic).
-    return worker.__dict__.setdefault(_ALLOCATOR_ATTR, GPUAllocator())
-
-
-def run_probe(label: str, gpus: float, timeout: float) -> dict:
-    """A task: take ``gpus`` devices, run the probe in a subprocess that sees only them."""
-    from distributed import get_worker
-
-    worker = get_worker()
-    key = str(worker.get_current_task())
-    devices = worker_devices(
-        worker.state.total_resources.get("GPU", 0), os.environ.get("CUDA_VISIBLE_DEVICES")
-    )
+def probe(config: dict[str, Any]) -> None:
+    """The trial: what its own process sees of CUDA (GPU trials first wait for each other)."""
     start = time.time()
-    got = _allocator(worker).allocate(key, gpus, devices)
-    if got is None:
-        return {"label": label, "error": f"allocator refused {gpus} GPU of {devices}"}
-    try:
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(got)}
-        proc = subprocess.run(
-            [sys.executable, "-c", _PROBE, "gpu" if gpus else "cpu"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
+    gpu = _gpus(config)
+    if gpu:
+        mark = os.path.join(config["dir"], f"arrived-{config['label']}")
+        open(mark, "w").close()
+        deadline = time.monotonic() + config["timeout"]
+        while len(glob.glob(os.path.join(config["dir"], "arrived-*"))) < 2:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the other GPU trial never started: they did not overlap")
+            time.sleep(0.05)
+    import torch
+
+    out: dict[str, Any] = {
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "available": torch.cuda.is_available(),
+        "device_count": torch.cuda.device_count(),
+        "trial_pid": os.getpid(),
+    }
+    if gpu:
+        x = torch.ones(1 << 20, device="cuda")
+        torch.cuda.synchronize()
+        dev = torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(dev)
+        ids = [getattr(props, a, None) for a in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
+        out.update(
+            current_device=dev,
+            tensor_device=str(x.device),
+            name=props.name,
+            uuid=str(getattr(props, "uuid", "") or ""),
+            pci_bus_id=None if None in ids else f"{ids[0]:08X}:{ids[1]:02X}:{ids[2]:02X}.0",
         )
-    finally:
-        _allocator(worker).release(key)
-    result = {"label": label, "allocated": got, "start": start, "end": time.time()}
-    if proc.returncode != 0:
-        result["error"] = f"probe exited {proc.returncode}: {proc.stderr.strip()[-2000:]}"
-    else:
-        result["probe"] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
+        # Hold the device until the other GPU trial has its tensor too.
+        open(os.path.join(config["dir"], f"allocated-{config['label']}"), "w").close()
+        deadline = time.monotonic() + config["timeout"]
+        while len(glob.glob(os.path.join(config["dir"], "allocated-*"))) < 2:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the other GPU trial never allocated its tensor")
+            time.sleep(0.05)
+    tune.report({"probe": json.dumps(out), "start": start, "end": time.time()})
+
+
+def _gpus(config: dict[str, Any]) -> float:
+    return 0 if config["label"] == "cpu" else config["per_trial"]
+
+
+def _request(config: dict[str, Any]) -> dict[str, float]:
+    return {"gpu": _gpus(config), "cpu": 1} if _gpus(config) else {"cpu": 1}
+
+
+def run_trials(per_trial: float, timeout: float) -> list[dict[str, Any]]:
+    """Run the three trials; one dict per trial in the shape :func:`check` reads."""
+    with tempfile.TemporaryDirectory(prefix="dasktune-gpu-check-") as tmp:
+        labels = ["gpu-0", "gpu-1", "cpu"]
+        space = {"label": tune.grid_search(labels), "dir": tmp, "timeout": timeout,
+                 "per_trial": per_trial}
+        tuner = tune.Tuner(
+            tune.with_resources(probe, _request), param_space=space,
+            tune_config=tune.TuneConfig(max_concurrent_trials=3),
+            run_config=tune.RunConfig(name="gpu_check", storage_path=os.path.join(tmp, "res"),
+                                      verbose=0),
+        )
+        grid = tuner.fit()
+        out = []
+        for res in grid:
+            config = res.config
+            if config is None:  # failed before its first report: read what it was given
+                with open(os.path.join(res.path, "params.json")) as f:
+                    config = json.load(f)
+            label = config["label"]
+            if res.error is not None:
+                out.append({"label": label, "error": str(res.error)[-2000:]})
+                continue
+            p = json.loads(res.metrics["probe"])
+            allocated = [t for t in (p["cuda_visible_devices"] or "").split(",") if t]
+            out.append({"label": label, "allocated": allocated, "start": res.metrics["start"],
+                        "end": res.metrics["end"], "worker": res.metrics["worker"],
+                        "probe": p})
+        return out
 
 
 def _expected_gpu(token: str, gpus: list[GPUInfo]) -> GPUInfo | None:
@@ -120,9 +133,14 @@ def _same_bus(a: str, b: str) -> bool:
     return parts(a) == parts(b)
 
 
-def check(results: list[dict], gpus: list[GPUInfo]) -> list[str]:
-    """Isolation failures found in the task results (empty: isolation held)."""
-    failures = [f"{r['label']}: {r['error']}" for r in results if "error" in r]
+def check(results: list[dict], gpus: list[GPUInfo], shared: bool = False) -> list[str]:
+    """Isolation failures found in the trial results (empty: isolation held).
+
+    ``shared``: the two GPU trials asked for half a GPU each and must share one device;
+    otherwise they must have distinct devices.
+    """
+    failures = [f"{r['label']}: {r['error'].strip().splitlines()[-1]}"  # full text: "tasks"
+                for r in results if "error" in r]
     ok = [r for r in results if "error" not in r]
     for r in ok:
         p, label = r["probe"], r["label"]
@@ -144,15 +162,21 @@ def check(results: list[dict], gpus: list[GPUInfo]) -> list[str]:
     if len(on_gpu) == 2:
         a, b = on_gpu
         overlapped = a["start"] < b["end"] and b["start"] < a["end"]
-        if overlapped and set(a["allocated"]) & set(b["allocated"]):
-            failures.append(f"concurrent GPU tasks shared device(s) {a['allocated']}")
+        if not overlapped:
+            failures.append("the two GPU trials did not run at the same time")
+        if shared and a["allocated"] != b["allocated"]:
+            failures.append(f"half-GPU trials got {a['allocated']} and {b['allocated']}")
+        if not shared and set(a["allocated"]) & set(b["allocated"]):
+            failures.append(f"concurrent GPU trials shared device(s) {a['allocated']}")
+        if a["probe"]["trial_pid"] == b["probe"]["trial_pid"]:
+            failures.append("the two GPU trials ran in one process")
     return failures
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the check; the exit status (0 ok or skipped, 1 failed)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--timeout", type=float, default=300, help="seconds per task")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds a trial waits for its peer")
     args = parser.parse_args(argv)
 
     try:
@@ -171,36 +195,21 @@ def main(argv: list[str] | None = None) -> int:
         print("SKIP: no GPU on this host")
         return 0
 
-    from distributed import Client, LocalCluster
-
     print(f"host resources: {format_resources(host)}", file=sys.stderr)
-    with (
-        LocalCluster(
-            n_workers=1,
-            threads_per_worker=3,  # both GPU tasks and the CPU task may run at once
-            processes=True,
-            resources=host,
-            dashboard_address=None,
-        ) as cluster,
-        Client(cluster) as client,
-    ):
-        futures = [
-            client.submit(run_probe, f"gpu-{i}", 1, args.timeout, resources={"GPU": 1}, pure=False)
-            for i in range(2)
-        ]
-        futures.append(
-            client.submit(run_probe, "cpu", 0, args.timeout, resources={"CPU": 1}, pure=False)
-        )
-        results = client.gather(futures)
-        leftover = client.run(
-            lambda dask_worker: _allocator(dask_worker).in_use()  # nothing may stay allocated
-        )
-    failures = check(results, gpus)
-    failures += [f"{w}: devices still allocated {u}" for w, u in leftover.items() if u]
+    # Two whole GPUs per trial pair when there are two; one shared GPU otherwise.
+    per_trial = 1 if len(gpus) >= 2 else 0.5
+    # One worker process with every GPU and room for all three trials at once.
+    tune.init(num_cpus=1, threads_per_worker=3, dashboard_address="127.0.0.1:0")
+    try:
+        results = run_trials(per_trial, args.timeout)
+    finally:
+        tune.shutdown()
+    failures = check(results, gpus, shared=per_trial < 1)
     summary = {
         "ok": not failures,
         "failures": failures,
         "resources": host,
+        "gpu_per_trial": per_trial,
         "gpus": [dataclasses.asdict(g) for g in gpus],
         "tasks": results,
     }

@@ -115,7 +115,8 @@ def dask_processes(tmp_path) -> Iterator[Callable[..., DaskProcesses]]:
         started.append(procs)
         for _ in range(n_workers):
             procs.add_worker(nthreads=nthreads, resources=resources)
-        procs.wait_workers(n_workers)
+        if n_workers:
+            procs.wait_workers(n_workers)
         return procs
 
     yield start
