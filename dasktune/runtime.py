@@ -1,7 +1,7 @@
 """``dasktune.init`` / ``dasktune.shutdown``: which Dask cluster trials run on.
 
-Resolution order for ``Tuner.fit()``: the client ``init`` returned; else an active
-``distributed.Client`` (``with Client(addr): tuner.fit()``); else the
+Resolution order for ``Tuner.fit()``: an active ``distributed.Client``
+(``with Client(addr): tuner.fit()``); else the client ``init`` returned; else the
 ``scheduler-address`` setting (``DASK_SCHEDULER_ADDRESS``); else an embedded
 :class:`distributed.LocalCluster` sized to the machine, started on first use and
 closed at exit.
@@ -100,9 +100,16 @@ def init(address: str | None = None, *, security: Any = None, num_cpus: int | No
 
     with _lock:
         if _client is not None:
-            if ignore_reinit_error:
+            same = address is None and not kwargs and num_cpus is None
+            if address is not None and _cluster is None:
+                same = same or str(address) == str(_client.scheduler.address)
+            if same and ignore_reinit_error:
                 return _client
-            raise RuntimeError("dasktune.init() was already called; call shutdown() first")
+            # Ray raises here too: silently keeping the old cluster would run the
+            # trials somewhere the caller did not ask for.
+            raise RuntimeError(
+                f"dasktune.init() was already called (connected to "
+                f"{_client.scheduler.address}); call dasktune.shutdown() first")
         for key in list(kwargs):
             if key in _RAY_ONLY:
                 kwargs.pop(key)
@@ -149,12 +156,13 @@ def get_client() -> tuple[Any, Any]:
     from distributed import Client
     from distributed.client import _get_global_client
 
-    with _lock:
-        if _client is not None:
-            return _client, _cluster
+    # An active client (``with Client(addr): tuner.fit()``) is the most local choice.
     active = _get_global_client()
     if active is not None and active.status == "running":
         return active, getattr(active, "cluster", None)
+    with _lock:
+        if _client is not None:
+            return _client, _cluster
     address = dask.config.get("scheduler-address", None)
     with _lock:
         if _client is None:

@@ -38,10 +38,32 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def local_client() -> Iterator[object]:
-    """The embedded cluster (2 worker processes), shared by the tests that use it."""
-    client = dasktune.init(num_cpus=2, dashboard_address="127.0.0.1:0")
-    yield client
+def _shutdown_at_end() -> Iterator[None]:
+    yield
+    dasktune.shutdown()
+
+
+@pytest.fixture
+def local_client(_shutdown_at_end: None) -> object:
+    """The embedded cluster (2 worker processes), started once and shared; a test that
+    connects dasktune elsewhere shuts it down and the next user starts it again."""
+    from dasktune import runtime
+
+    if runtime.is_initialized() and runtime._cluster is None:
+        dasktune.shutdown()  # connected to some other cluster by an earlier test
+    if not runtime.is_initialized():
+        dasktune.init(num_cpus=2, dashboard_address="127.0.0.1:0")
+    return runtime._client
+
+
+@pytest.fixture
+def connect(_shutdown_at_end: None):
+    """``connect(address)``: point dasktune at another cluster for this test."""
+    def _connect(address: str) -> object:
+        dasktune.shutdown()
+        return dasktune.init(address=address)
+
+    yield _connect
     dasktune.shutdown()
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import requests
+from conftest import wait_for
 
 import dasktune as tune
-from conftest import wait_for
 
 
 def _curve(config):

@@ -67,6 +67,7 @@ def cluster(dask_processes) -> Iterator[Any]:
         for res in resources[1:]:
             procs.add_worker(nthreads=2, resources=res)
         procs.wait_workers(len(resources))
+        tune.shutdown()  # leave any other cluster first
         return procs, tune.init(address=procs.address)
 
     yield make

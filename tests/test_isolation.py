@@ -108,6 +108,7 @@ def gpu_cluster(dask_processes) -> Iterator[Any]:
     """One ``GPU=2,CPU=4`` worker that isolates every trial; dasktune connected."""
     procs = dask_processes(n_workers=1, nthreads=2, resources="GPU=2,CPU=4",
                            env={"DASK_DASKTUNE__EXECUTOR__ISOLATE": "True"})
+    tune.shutdown()  # leave any other cluster first
     client = tune.init(address=procs.address)
     yield procs, client, set(client.run(os.getpid).values())
     tune.shutdown()
@@ -187,6 +188,7 @@ def test_child_dies_with_its_worker(dask_processes, tmp_path):
     gpu_workers = {w.pid: w for w in
                    (procs.add_worker("--no-nanny", resources="GPU=1,CPU=1") for _ in range(2))}
     procs.wait_workers(3)
+    tune.shutdown()  # leave any other cluster first
     tune.init(address=procs.address)
     out: dict[str, Any] = {}
 
