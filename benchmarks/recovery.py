@@ -10,7 +10,7 @@ Real ``dask scheduler`` / ``dask worker --no-nanny`` processes on 127.0.0.1. Usa
    and signal -> the new attempt's trainable running (its first line in the side file).
 2. Iterations lost per kill: iterations the killed attempt executed past the checkpoint
    the next attempt resumed from (checkpoint every ``k``; at most ``k``).
-3. Overhead: the same 8-trial experiment with and without 5 kills (ratio of wall times).
+3. Overhead: the same 8-trial x 60-iteration experiment with and without 5 kills (ratio of wall times).
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def run_experiment(cluster: Cluster, root: str, name: str, n_trials: int, kills:
     for _ in range(kills):
         at = rng.randint(2, iters - 3)
 
-        def victim() -> Any:
+        def victim(at: int = at) -> Any:
             if not os.path.isdir(exp):
                 return None
             for d in sorted(os.listdir(exp)):
@@ -160,16 +160,25 @@ def run_experiment(cluster: Cluster, root: str, name: str, n_trials: int, kills:
                     return p, d, a["attempt"], len(attempts)
             return None
 
-        proc, d, attempt, n_attempts = _wait(victim)
+        try:
+            proc, d, attempt, n_attempts = _wait(victim)
+        except TimeoutError:
+            state = os.path.join(exp, "experiment_state.json")
+            with open(state) as f:
+                placements = [t["placements"] for t in json.load(f)["trials"]]
+            seen = {d: _jsonl(os.path.join(exp, d, "attempts.jsonl")) for d in os.listdir(exp)}
+            raise TimeoutError(f"{name}: no running trial past iteration {at}; "
+                               f"placements {placements}; attempts {seen}; workers "
+                               f"{[(p.pid, p.poll()) for p in cluster.workers]}") from None
         n_recovered = len(cb.times)
         t_kill = time.time()
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
         cluster.add_worker(cpus)
         path = os.path.join(exp, d, "attempts.jsonl")
-        nxt = _wait(lambda: (lambda a: a[n_attempts] if len(a) > n_attempts else None)(
+        nxt = _wait(lambda n=n_attempts, path=path: (lambda a: a[n] if len(a) > n else None)(
             _jsonl(path)))
-        _wait(lambda: len(cb.times) > n_recovered)
+        _wait(lambda n=n_recovered: len(cb.times) > n)
         reached = max(r["it"] for r in _jsonl(os.path.join(exp, d, "executed.jsonl"))
                       if r["attempt"] == attempt)
         events.append({"noticed_s": cb.times[n_recovered] - t_kill,
@@ -212,11 +221,11 @@ def main() -> None:
         print(f"iterations lost per kill (k=3):  mean {statistics.mean(lost):.2f}, "
               f"max {max(lost)}  {lost}")
         # 3: overhead of kills on a whole experiment.
-        base = run_experiment(cluster, root, "base", n_trials=8, kills=0, seed=0, iters=20,
+        base = run_experiment(cluster, root, "base", n_trials=8, kills=0, seed=0, iters=60,
                               k=4, sleep=0.1, cpus=4)
         chaos = run_experiment(cluster, root, "chaos", n_trials=8, kills=args.overhead_kills,
-                               seed=1, iters=20, k=4, sleep=0.1, cpus=4)
-        print(f"8 trials x 20 it: fault-free {base['wall_s']:.2f}s, with "
+                               seed=1, iters=60, k=4, sleep=0.1, cpus=4)
+        print(f"8 trials x 60 it (k=4): fault-free {base['wall_s']:.2f}s, with "
               f"{args.overhead_kills} kills {chaos['wall_s']:.2f}s, ratio "
               f"{chaos['wall_s'] / base['wall_s']:.2f}x; lost per kill "
               f"{[e['lost'] for e in chaos['events']]}")

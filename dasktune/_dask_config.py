@@ -19,9 +19,22 @@ with open(_FN) as f:
 dask.config.update_defaults(_defaults)
 
 
-def get(key: str) -> object:
-    """``dask.config.get("dasktune." + key)``."""
-    return dask.config.get(f"dasktune.{key}")
+def _default(key: str) -> object:
+    node: object = _defaults["dasktune"]
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def get(key: str, default: object = None) -> object:
+    """``dask.config.get("dasktune." + key)``; an unset (None) value falls back to the
+    packaged default, so ``dask.config.set({key: None})`` cannot break dasktune."""
+    value = dask.config.get(f"dasktune.{key}", None)
+    if value is None:
+        value = _default(key)
+    return default if value is None else value
 
 
 def get_seconds(key: str) -> float:

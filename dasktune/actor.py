@@ -20,11 +20,12 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 import traceback
 from collections import deque
 from typing import Any
 
-from dasktune import isolation
+from dasktune import _dask_config, isolation
 from dasktune.checkpoint import Checkpoint
 from dasktune.result import SHOULD_CHECKPOINT
 from dasktune.session import StopTrial, TrialSession, TrialSpec, _bind
@@ -81,11 +82,26 @@ class TrialActor:
             name=f"dasktune-trial-{self.spec.trial_id}-{self.spec.attempt}",
         )
         self._thread.start()
+        self._last_poll = time.monotonic()
+        self._watchdog = asyncio.ensure_future(self._orphan_watchdog())
         return {"pid": os.getpid(), "host": socket.gethostname(), "worker": worker.address}
+
+    async def _orphan_watchdog(self) -> None:
+        """Stop the trial when no driver has polled for a while (the driver died): an
+        orphan would go on committing checkpoints that no driver logged."""
+        timeout = _dask_config.get_seconds("executor.orphan-timeout")
+        while self._thread is not None and self._thread.is_alive():
+            await asyncio.sleep(min(1.0, timeout / 4))
+            if time.monotonic() - self._last_poll > timeout:
+                self._stop_now.set()
+                with self._cond:
+                    self._cond.notify_all()
+                return
 
     async def poll(self, ack: int, wait: float = 0.2) -> dict[str, Any]:
         """Drop reports up to ``ack``; return the next ones (waiting up to ``wait`` s)."""
         assert self._wakeup is not None
+        self._last_poll = time.monotonic()
         with self._cond:
             self._acked = max(self._acked, ack)
             while self._buffer and self._buffer[0][0] <= ack:

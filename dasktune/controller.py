@@ -41,6 +41,7 @@ from dasktune.logger import EXPR_ERROR_FILE
 from dasktune.result import EARLY_STOPPED
 from dasktune.results import TuneError
 from dasktune.session import TrialSpec
+from dasktune.storage import StorageError
 from dasktune.trial import ERROR, PAUSED, PENDING, RUNNING, TERMINATED, Placement, Trial
 
 if TYPE_CHECKING:
@@ -226,7 +227,11 @@ class TuneController:
         self._last_save = time.monotonic()
         self._dirty = False
         if self._save_state is not None:
-            self._save_state(self)
+            try:
+                self._save_state(self)
+            except StorageError as exc:  # storage outage: keep running, retry next period
+                logger.warning("could not save the experiment state: %s", exc)
+                self._dirty = True
 
     # ------------------------------------------------------------- starting
     def _concurrency_ok(self) -> bool:
@@ -517,6 +522,8 @@ class TuneController:
         self._pending_exploit.pop(tid, None)
         self._end_placement(trial, "lost")
         self.executor.release(tid)
+        if not trial.is_finished and action is None:
+            self._adopt_unreported_checkpoint(trial)
         if trial.is_finished:
             return
         trial.num_restarts += 1
@@ -531,6 +538,27 @@ class TuneController:
         self.callbacks.on_trial_recover(iteration=self._iteration, trials=self.trials,
                                         trial=trial)
         self._dirty = True
+
+    def _adopt_unreported_checkpoint(self, trial: Trial) -> None:
+        """A worker can die after committing a checkpoint but before the driver heard of
+        it: resume from that one if it belongs to the lost attempt and is not ahead of
+        what was logged (so the result files keep no hole)."""
+        if not trial.path:
+            return
+        newest = self.storage.latest_committed_checkpoint(trial.path)
+        if not newest or newest == trial.checkpoint:
+            return
+        manifest = self.storage.read_manifest(newest) or {}
+        it = int(manifest.get("training_iteration", 0))
+        if int(manifest.get("attempt", -1)) != trial.attempt or it <= trial.checkpoint_iteration:
+            return
+        if it <= trial.logged_iteration:
+            self._register_checkpoint(trial, newest, {"training_iteration": it,
+                                                      "time_total_s": manifest.get(
+                                                          "time_total_s", 0.0)})
+        elif it == trial.logged_iteration + 1 and isinstance(manifest.get("result"), dict):
+            result = dict(manifest["result"], config=trial.config)
+            self._on_reports(trial, [(0, result, newest)])
 
     def _on_user_error(self, trial: Trial, error: str) -> None:
         trial.num_failures += 1
@@ -608,7 +636,11 @@ class TuneController:
             return
         attr = self.checkpoint_config.checkpoint_score_attribute
         order = self.checkpoint_config.checkpoint_score_order
-        candidates = [c for c in trial.checkpoints if c["path"] != trial.checkpoint]
+        # Never delete the newest one, nor one another trial is about to clone (PBT).
+        wanted = {t.restore_path for t in self.trials if t.restore_path}
+        wanted |= {e.checkpoint for e in self._pending_exploit.values()}
+        candidates = [c for c in trial.checkpoints
+                      if c["path"] != trial.checkpoint and c["path"] not in wanted]
 
         def score(c: dict[str, Any]) -> float:
             if attr is None:

@@ -90,6 +90,9 @@ class DaskExecutor:
         self._gone: set[str] = set()
         self._watching = False
         self._idle: dict[str, list[tuple[str, Future]]] = {}
+        # Workers we just lost contact with: not chosen again for a few seconds, while
+        # the scheduler decides whether they are gone.
+        self._suspect: dict[str, float] = {}
         self._pool_size = int(_dask_config.get("executor.idle-actors-per-worker"))
 
     # ------------------------------------------------------------ cluster events
@@ -124,11 +127,18 @@ class DaskExecutor:
             return False
 
         async def _retire() -> None:
-            try:
-                await self.client.scheduler.retire_workers(workers=[addr], close_workers=True,
-                                                           remove=True)
-            except Exception as exc:  # noqa: BLE001 - the worker may be gone already
-                logger.debug("retire %s: %r", addr, exc)
+            # The release of our actors reaches the scheduler a moment after this call
+            # may: Dask refuses to retire a worker that still holds an actor, so retry.
+            for _ in range(50):
+                try:
+                    done = await self.client.scheduler.retire_workers(
+                        workers=[addr], close_workers=True, remove=True)
+                except Exception as exc:  # noqa: BLE001 - the worker may be gone already
+                    logger.debug("retire %s: %r", addr, exc)
+                    return
+                if addr in (done or {}) or addr in self._gone:
+                    return
+                await asyncio.sleep(0.2)
 
         asyncio.run_coroutine_threadsafe(_retire(), self._loop)
         return True
@@ -172,7 +182,8 @@ class DaskExecutor:
         """The worker with the most free CPU that fits ``resources`` now, or None."""
         best, best_cpu = None, -1.0
         for addr in sorted(self.workers()):
-            if addr in self._retiring or addr in self._gone:
+            if addr in self._retiring or addr in self._gone or \
+                    self._suspect.get(addr, 0.0) > time.monotonic():
                 continue
             free = self.free(addr)
             if all(free.get(k, 0.0) >= v - 1e-9 for k, v in resources.items() if v > 0):
@@ -400,6 +411,7 @@ class DaskExecutor:
             raise
         except Exception as exc:  # noqa: BLE001 - comm errors: the worker (or actor) is gone
             if not self._closed:
+                self._suspect[run.worker] = time.monotonic() + 5.0
                 self._events.put(ExecEvent(LOST, tid, attempt,
                                            error=f"lost contact with {run.worker}: {exc!r}"))
 

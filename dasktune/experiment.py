@@ -12,6 +12,7 @@ Three files at the experiment root:
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -44,12 +45,16 @@ class StateWriter:
         self.run_config = run_config
         self.param_space = param_space
         self.start_time = time.time()
+        self._warned = False
 
     def write_static(self) -> None:
         """``tuner.pkl``: what restore needs besides the trainable."""
         rc = self.run_config
         # The filesystem object may hold credentials: restore is given it again.
-        run_config = _replace(rc, storage_filesystem=None, callbacks=[
+        from dasktune.storage import scrub_options
+
+        run_config = _replace(rc, storage_filesystem=None,
+                              storage_options=scrub_options(rc.storage_options), callbacks=[
             cb for cb in (rc.callbacks or []) if _picklable(cb)])
         data = cloudpickle.dumps({
             "param_space": self.param_space,
@@ -82,13 +87,22 @@ class StateWriter:
             "trial_counts": counts,
             "trials": [t.to_state() for t in trials],
         }
-        searcher_state = cloudpickle.dumps({
-            "search_alg": controller.search_alg.get_state(),
-            "scheduler": controller.scheduler.get_state()
-            if hasattr(controller.scheduler, "get_state") else None,
-        })
+        try:
+            searcher_state = cloudpickle.dumps({
+                "search_alg": controller.search_alg.get_state(),
+                "scheduler": controller.scheduler.get_state()
+                if hasattr(controller.scheduler, "get_state") else None,
+            })
+        except Exception as exc:  # noqa: BLE001 - keep saving the trials regardless
+            if not self._warned:
+                logging.getLogger(__name__).warning(
+                    "the searcher/scheduler state cannot be pickled (%r): a restore will "
+                    "start a fresh search for the remaining samples", exc)
+                self._warned = True
+            searcher_state = None
         # Searcher first: a state file never points at a searcher state older than itself.
-        self.storage.write_bytes(self.storage.path(SEARCHER_STATE_FILE), searcher_state)
+        if searcher_state is not None:
+            self.storage.write_bytes(self.storage.path(SEARCHER_STATE_FILE), searcher_state)
         self.storage.write_json(self.storage.path(STATE_FILE), state)
 
 
@@ -122,10 +136,12 @@ class RestoredExperiment:
     search_alg: SearchAlgorithm
     scheduler: TrialScheduler
     uid: str
+    saved_trials: list[Trial] | None = None
 
     def result_grid(self) -> ResultGrid:
+        """The results as saved (before any resume/restart decision)."""
         cc = self.run_config.checkpoint_config
-        return ResultGrid(self.trials, self.storage, metric=self.tune_config.metric,
+        return ResultGrid(self.saved_trials or self.trials, self.storage, metric=self.tune_config.metric,
                           mode=self.tune_config.mode,
                           score_attr=cc.checkpoint_score_attribute if cc else None,
                           score_order=cc.checkpoint_score_order if cc else "max")
@@ -182,13 +198,14 @@ def load(path: str, *, storage_filesystem: Any = None, resume_unfinished: bool =
         search_alg.set_state(saved["search_alg"])
     if saved.get("scheduler") is not None and hasattr(scheduler, "set_state"):
         scheduler.set_state(saved["scheduler"])
+    saved = [Trial.from_state(t) for t in state["trials"]]
     trials = [Trial.from_state(t) for t in state["trials"]]
     for trial in trials:
         _decide(trial, storage, resume_unfinished, resume_errored, restart_errored)
     return RestoredExperiment(storage=storage, state=state, trials=trials,
                               param_space=static["param_space"], tune_config=tune_config,
                               run_config=run_config, search_alg=search_alg,
-                              scheduler=scheduler, uid=uid)
+                              scheduler=scheduler, uid=uid, saved_trials=saved)
 
 
 def _catch_up(trial: Trial, storage: ExperimentStorage) -> None:
@@ -205,11 +222,16 @@ def _catch_up(trial: Trial, storage: ExperimentStorage) -> None:
                 if int(r.get("training_iteration", 0)) > trial.logged_iteration:
                     trial.update_last_result(r)
             trial.logged_iteration = it
-    newest = storage.latest_committed_checkpoint(trial.path)
+    newest = _newest_of_lineage(trial, storage)
     if newest and newest != trial.checkpoint:
         manifest = storage.read_manifest(newest) or {}
         it = int(manifest.get("training_iteration", 0))
-        if it >= trial.checkpoint_iteration:
+        if it == trial.logged_iteration + 1 and isinstance(manifest.get("result"), dict):
+            # Committed but never logged (the driver died first): log it now.
+            trial.update_last_result(dict(manifest["result"], config=trial.config))
+            trial.logged_iteration = it
+            _append_result(storage, trial, manifest["result"])
+        if trial.checkpoint_iteration <= it <= trial.logged_iteration:
             trial.checkpoints.append({"path": newest, "iteration": it,
                                       "time_total_s": manifest.get("time_total_s", 0.0),
                                       "metrics": {}})
@@ -218,6 +240,37 @@ def _catch_up(trial: Trial, storage: ExperimentStorage) -> None:
     elif trial.checkpoint and not storage.is_committed(trial.checkpoint):
         # The recorded checkpoint is gone or broken: fall back to the newest valid one.
         trial.checkpoint = newest
+
+
+def _append_result(storage: ExperimentStorage, trial: Trial, result: dict[str, Any]) -> None:
+    import json
+
+    from dasktune.logger import EXPR_RESULT_FILE
+    from dasktune.storage import _json_default
+
+    fh = storage.open_append(f"{trial.path}/{EXPR_RESULT_FILE}")
+    try:
+        fh.write(json.dumps(dict(result, config=trial.config), default=_json_default)
+                 .encode() + b"\n")
+    finally:
+        fh.close()
+
+
+def _newest_of_lineage(trial: Trial, storage: ExperimentStorage) -> str | None:
+    """The newest committed checkpoint not written by a superseded attempt (a zombie
+    that came back after its trial had moved on must not become the resume point)."""
+    floor = 0
+    if trial.checkpoint:
+        floor = int((storage.read_manifest(trial.checkpoint) or {}).get("attempt", 0))
+    for path in reversed(storage.list_checkpoints(trial.path or "")):
+        manifest = storage.read_manifest(path)
+        if manifest is None or int(manifest.get("attempt", 0)) < floor:
+            continue
+        if int(manifest.get("training_iteration", 0)) > trial.logged_iteration + 1:
+            continue  # an orphan ran ahead of every log: not a resume point
+        if storage.is_committed(path):
+            return path
+    return None
 
 
 def _decide(trial: Trial, storage: ExperimentStorage, resume_unfinished: bool,

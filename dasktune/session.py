@@ -69,7 +69,7 @@ class TrialSession:
     """The state of one trial attempt as seen from the user's code."""
 
     def __init__(self, spec: TrialSpec, emit: Callable[[dict[str, Any], str | None], None],
-                 should_stop: Callable[[], bool], worker_address: str = ""):
+                 should_stop: Callable[..., bool], worker_address: str = ""):
         self.spec = spec
         self._emit = emit
         self._should_stop = should_stop
@@ -128,6 +128,9 @@ class TrialSession:
             "attempt": spec.attempt,
             "training_iteration": result.get("training_iteration", self.iteration),
             "time_total_s": result.get("time_total_s", self.time_total),
+            # The result this checkpoint was reported with: a driver that never received
+            # the report (its worker died) can still log it when it resumes from here.
+            "result": {k: v for k, v in result.items() if k != "config"},
         }
         with checkpoint.as_directory() as local:
             path = spec.storage.commit_checkpoint(local, spec.trial_path, self.checkpoint_index,
@@ -150,7 +153,7 @@ class TrialSession:
         if hit:
             result["done"] = True
         self._emit(result, path)
-        if hit or self._should_stop():
+        if hit or self._should_stop(path is not None):
             raise StopTrial()
 
     def local_trial_dir(self) -> str:

@@ -203,6 +203,12 @@ class SimulatedExecutor:
         for k, v in resources.items():
             w.free[k] = w.free.get(k, 0.0) - sign * v
         heapq.heappush(self._by_free, (-w.free.get("CPU", 0.0), addr))
+        if len(self._by_free) > 4 * len(self._workers) + 64:
+            # Stale entries of full workers never reach the top: rebuild, or the heap
+            # would grow with every start.
+            self._by_free = [(-x.free.get("CPU", 0.0), a) for a, x in self._workers.items()
+                             if a not in self._gone]
+            heapq.heapify(self._by_free)
 
     @property
     def num_running(self) -> int:
@@ -329,6 +335,11 @@ class SimulatedExecutor:
             first = when if first is None else first
             self.now = max(self.now, when)
             out.append(ev)
+        if not out and self._runs:
+            stuck = sorted(self._runs)[:5]
+            raise RuntimeError(f"SimulatedExecutor: {len(self._runs)} attempts are running but "
+                               f"none has an event due (e.g. {stuck}); a FINISHED/LOST "
+                               "attempt was not released")
         return out
 
     def _advance(self, run: _SimRun, kind: int) -> ExecEvent | None:
@@ -359,7 +370,11 @@ class SimulatedExecutor:
         freq = spec.checkpoint_frequency
         if freq and run.iteration % freq == 0:
             wants = True
-        hit = stop_dict_hit(spec.stop, result)
+        try:
+            hit = stop_dict_hit(spec.stop, result)
+        except ValueError as exc:  # the actor fails the trial, naming the key
+            run.token = self._next_token()
+            return ExecEvent(FINISHED, tid, attempt, error=f"ValueError: {exc}")
         if hit:
             result["done"] = True
         last = hit or bool(result.get("done")) or run.pos >= len(run.steps)

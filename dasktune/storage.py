@@ -245,6 +245,8 @@ class ExperimentStorage:
                 os.replace(tmp, path)
             else:
                 # One PUT: object stores publish an object whole or not at all.
+                if not self.fs.exists(posixpath.dirname(path)):
+                    self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
                 self.fs.pipe_file(path, data)
 
         retry(_write, self.uri_of(path))

@@ -27,14 +27,24 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+def _copy(obj: Any) -> Any:
+    """A fresh copy per fit() (Ray copies too), or the object itself if it holds
+    something uncopyable (e.g. a sampler's lock)."""
+    import copy
+
+    try:
+        return copy.deepcopy(obj)
+    except Exception:  # noqa: BLE001
+        return obj
+
+
 def make_search_alg(tc: TuneConfig, param_space: dict[str, Any], uid: str) -> SearchAlgorithm:
     """The search algorithm the driver drives: ``BasicVariantGenerator`` by default,
     any ``Searcher`` wrapped in a ``SearchGenerator`` (which counts ``num_samples``)."""
-    import copy
 
     from dasktune.search import BasicVariantGenerator, SearchAlgorithm, Searcher, SearchGenerator
 
-    alg = copy.deepcopy(tc.search_alg) if tc.search_alg is not None else None
+    alg = _copy(tc.search_alg) if tc.search_alg is not None else None
     if alg is None:
         alg = BasicVariantGenerator(random_state=tc.seed)
     elif isinstance(alg, Searcher):
@@ -57,11 +67,10 @@ def make_search_alg(tc: TuneConfig, param_space: dict[str, Any], uid: str) -> Se
 
 
 def make_scheduler(tc: TuneConfig) -> TrialScheduler:
-    import copy
 
     from dasktune.schedulers import FIFOScheduler, TrialScheduler
 
-    sched = copy.deepcopy(tc.scheduler) if tc.scheduler is not None else FIFOScheduler()
+    sched = _copy(tc.scheduler) if tc.scheduler is not None else FIFOScheduler()
     if not isinstance(sched, TrialScheduler):
         raise TypeError(f"TuneConfig(scheduler=...) must be a dasktune TrialScheduler, got "
                         f"{type(sched).__name__}")

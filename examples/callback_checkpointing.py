@@ -89,7 +89,11 @@ def main(argv: list[str] | None = None) -> int:
         with best.checkpoint.as_directory() as d:
             with open(os.path.join(d, "state.json")) as f:
                 print("Best checkpoint state:", json.load(f))
-        return 1 if results.errors else 0
+        if results.errors:  # a failed trial fails the script
+            print(f"{results.num_errors} trial(s) failed:", *results.errors, sep="\n",
+                  file=sys.stderr)
+            return 1
+        return 0
     finally:
         tune.shutdown()
 

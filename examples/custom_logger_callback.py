@@ -74,7 +74,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         results = tuner.fit()
         print("Best hyperparameters found were:", results.get_best_result().config)
-        return 1 if results.errors else 0
+        if results.errors:  # a failed trial fails the script
+            print(f"{results.num_errors} trial(s) failed:", *results.errors, sep="\n",
+                  file=sys.stderr)
+            return 1
+        return 0
     finally:
         tune.shutdown()
 

@@ -115,7 +115,11 @@ def main(argv: list[str] | None = None) -> int:
         print("Best hyperparameters found were:", best.config)
         print(f"Best validation accuracy: {best.metrics['mean_accuracy']:.4f}")
         print("Best checkpoint:", best.checkpoint.path if best.checkpoint else None)
-        return 1 if results.errors else 0
+        if results.errors:  # a failed trial fails the script
+            print(f"{results.num_errors} trial(s) failed:", *results.errors, sep="\n",
+                  file=sys.stderr)
+            return 1
+        return 0
     finally:
         tune.shutdown()
 

@@ -73,7 +73,11 @@ def main(argv: list[str] | None = None) -> int:
         print("Trials paused and resumed from a checkpoint:", resumed)
         print("Best hyperparameters found were:", best.config)
         print("Best checkpoint:", best.checkpoint.path if best.checkpoint else None)
-        return 1 if results.errors else 0
+        if results.errors:  # a failed trial fails the script
+            print(f"{results.num_errors} trial(s) failed:", *results.errors, sep="\n",
+                  file=sys.stderr)
+            return 1
+        return 0
     finally:
         tune.shutdown()
 

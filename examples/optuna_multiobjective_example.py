@@ -64,7 +64,11 @@ def main(argv: list[str] | None = None) -> int:
               results.get_best_result("loss", "min").config)
         print("Best hyperparameters for gain found were:",
               results.get_best_result("gain", "max").config)
-        return 1 if results.errors else 0
+        if results.errors:  # a failed trial fails the script
+            print(f"{results.num_errors} trial(s) failed:", *results.errors, sep="\n",
+                  file=sys.stderr)
+            return 1
+        return 0
     finally:
         tune.shutdown()
 

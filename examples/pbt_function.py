@@ -93,7 +93,11 @@ def main(argv: list[str] | None = None) -> int:
         best = results.get_best_result(metric="mean_accuracy", mode="max")
         print("Best hyperparameters found were:", best.config)
         print("Best mean_accuracy:", round(best.metrics["mean_accuracy"], 3))
-        return 1 if results.errors else 0
+        if results.errors:  # a failed trial fails the script
+            print(f"{results.num_errors} trial(s) failed:", *results.errors, sep="\n",
+                  file=sys.stderr)
+            return 1
+        return 0
     finally:
         tune.shutdown()
 

@@ -75,10 +75,6 @@ def _logged(exp: str) -> int:
     return n
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a killed driver's attempts run on in the workers (TrialActor has no orphan watchdog) "
-    "and commit checkpoints no driver logged; experiment._catch_up then resumes from such "
-    "a checkpoint, leaving a hole in result.json"))
 def test_driver_killed_repeatedly_then_restored(dask_processes, tmp_path):
     procs = dask_processes(n_workers=2, resources="CPU=3")
     script = tmp_path / "driver.py"
@@ -99,7 +95,8 @@ def test_driver_killed_repeatedly_then_restored(dask_processes, tmp_path):
                 # Progress of this life: rows it logged (zombie attempts log nothing).
                 before = _logged(exp)
                 step = rng.randint(4, 12)
-                wait_for(lambda: _logged(exp) >= before + step or driver.poll() is not None,
+                wait_for(lambda goal=before + step, driver=driver: _logged(exp) >= goal
+                         or driver.poll() is not None,
                          timeout=90, what=f"{step} more iterations in driver life {lives}")
                 if driver.poll() is None:
                     os.killpg(driver.pid, signal.SIGKILL)  # the whole process group

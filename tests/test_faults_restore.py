@@ -21,10 +21,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from conftest import DaskProcesses, free_port
 from fsspec.implementations.dirfs import DirFileSystem
 from fsspec.implementations.local import LocalFileSystem
-
-from conftest import DaskProcesses, free_port
 
 import dasktune as tune
 from dasktune import runtime
@@ -151,8 +150,6 @@ def test_restore_matrix(client, tmp_path, mode, expected, errors):
             assert its == list(range(1, n + 1))
 
 
-@pytest.mark.xfail(strict=True, reason="experiment.load applies _decide before result_grid(): "
-                   "get_results() of a restored Tuner shows the plan, not the saved state")
 @pytest.mark.parametrize("mode", ["resume_errored", "restart_errored"])
 def test_restored_get_results_is_the_saved_state(client, tmp_path, mode):
     """Ray: ``Tuner.restore(..., resume_errored=True).get_results()`` before ``fit()``
@@ -263,7 +260,9 @@ def test_torn_checkpoint_write_falls_back_to_previous(client, tmp_path, how):
         results = tuner.fit()  # ...and a restore continues from checkpoint 1 (it=2)
     else:
         (trial,) = results._trials
-        assert trial.num_restarts == 1 and trial.num_failures == 0  # a lost host, no error
+        # A lost host, not an error. (>= 1: the executor may first re-place the trial on
+        # the dead worker before the scheduler has removed it; that attempt is lost at once.)
+        assert trial.num_restarts >= 1 and trial.num_failures == 0
     assert not results.errors and results[0].metrics["it"] == 6
     assert _starts(tmp_path) == [1, 3]  # resumed right after the last valid checkpoint
     assert results[0].metrics["training_iteration"] == 6
@@ -274,8 +273,6 @@ def test_torn_checkpoint_write_falls_back_to_previous(client, tmp_path, how):
     assert _logged(trial_dir) == [1, 2, 3, 4, 5, 6]
 
 
-@pytest.mark.xfail(strict=True, reason="controller._on_lost restarts from trial.checkpoint "
-                   "(what the driver heard of), not the newest checkpoint committed in storage")
 def test_committed_but_unreported_checkpoint_is_resumed(client, tmp_path):
     """The worker dies after checkpoint 2 (it=3) is committed but before its report left:
     the restart must resume from it (storage is the truth), and it=3 is still logged."""

@@ -182,8 +182,8 @@ class TcpProxy:
                 self._open.discard(src)
                 self._open.discard(dst)
             for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
+                try:  # wake the other direction's pump too
+                    s.shutdown(socket.SHUT_RD)
                 except OSError:
                     pass
                 s.close()
@@ -192,9 +192,14 @@ class TcpProxy:
         self.up.clear()
         with self._lock:
             conns = list(self._open)
-            self._open.clear()
         for conn in conns:
-            self._reset(conn)
+            # Abort, don't close: closing a socket another thread blocks on leaves the
+            # connection open. SHUT_RD wakes the pump, which closes it (RST, linger 0).
+            try:
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                conn.shutdown(socket.SHUT_RD)
+            except OSError:
+                pass
 
     def back(self) -> None:
         self.up.set()
