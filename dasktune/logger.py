@@ -12,13 +12,17 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import math
 import numbers
 import pickle
+import queue
 import socket
 import struct
+import threading
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from dasktune.callback import Callback
 from dasktune.storage import AppendFile, _json_default
@@ -32,6 +36,8 @@ EXPR_PARAM_PICKLE_FILE = "params.pkl"
 EXPR_RESULT_FILE = "result.json"
 EXPR_PROGRESS_FILE = "progress.csv"
 EXPR_ERROR_FILE = "error.txt"
+
+logger = logging.getLogger(__name__)
 
 
 class LoggerCallback(Callback):
@@ -208,21 +214,69 @@ def _tf_record(data: bytes) -> bytes:
             + struct.pack("I", masked_crc32c(data)))
 
 
+class _TrialRef(NamedTuple):
+    """What the TensorBoard writer thread needs of a trial, taken when the result came."""
+
+    trial_id: str
+    path: str | None
+    attempt: int
+
+
 class TBXLoggerCallback(_PerTrialFiles):
     """TensorBoard event files: a scalar for every numeric metric at its
     ``training_iteration`` (under ``ray/tune/`` as Ray names them), and the trial's
-    hyperparameters for the HParams tab when the trial ends."""
+    hyperparameters for the HParams tab when the trial ends.
+
+    Encoding and writing happen on a writer thread of the callback's own, as
+    tensorboardX's ``EventFileWriter`` does: importing tensorboardX takes seconds when
+    torch is installed (it imports torch), and that must not stall the driver's loop
+    while trials wait for their results to be taken. Every queued event is written
+    before :meth:`on_experiment_end` returns.
+    """
 
     filename = ""
     _SKIP = frozenset({"training_iteration", "timestamp", "pid", "done", "node_ip", "trial_id",
                        "experiment_tag", "date", "hostname", "worker", "config"})
+    _CLOSE_TIMEOUT = 300.0
 
     def __init__(self) -> None:
         super().__init__()
         self._names: dict[str, str] = {}
         self._last: dict[str, dict[str, float]] = {}
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._unflushed = False
 
-    def _file(self, trial: Trial) -> AppendFile:
+    def setup(self, *args: Any, storage: ExperimentStorage | None = None, **info: Any) -> None:
+        super().setup(*args, storage=storage, **info)
+        self._start()  # the import starts now, while the first trials are placed
+
+    # ------------------------------------------------------------ writer thread
+    def _start(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._write_loop, daemon=True,
+                                            name="dasktune-tensorboard")
+            self._thread.start()
+
+    def _submit(self, job: Callable[[], None]) -> None:
+        self._start()
+        self._jobs.put(job)
+
+    def _write_loop(self) -> None:
+        try:
+            import tensorboardX.proto.event_pb2  # noqa: F401 - the slow import, off the loop
+        except Exception as exc:  # noqa: BLE001 - reported per job below
+            logger.warning("TensorBoard logging is off: %s", exc)
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            try:
+                job()
+            except Exception as exc:  # noqa: BLE001 - a logger never fails the experiment
+                logger.warning("TensorBoard logging failed: %s", exc)
+
+    def _file(self, trial: Trial | _TrialRef) -> AppendFile:
         fh = self._files.get(trial.trial_id)
         if fh is None:
             from tensorboardX.proto.event_pb2 import Event
@@ -239,50 +293,82 @@ class TBXLoggerCallback(_PerTrialFiles):
             self._files[trial.trial_id] = fh
         return fh
 
-    def log_trial_result(self, iteration: int, trial: Trial, result: dict[str, Any]) -> None:
+    def _write_scalars(self, ref: _TrialRef, wall: float, step: int,
+                       scalars: list[tuple[str, float]]) -> None:
         from tensorboardX.proto.event_pb2 import Event
         from tensorboardX.proto.summary_pb2 import Summary
 
+        values = [Summary.Value(tag=tag, simple_value=v) for tag, v in scalars]
+        event = Event(wall_time=wall, step=step, summary=Summary(value=values))
+        self._file(ref).write(_tf_record(event.SerializeToString()))
+
+    def _write_hparams(self, ref: _TrialRef, hp: dict[str, Any],
+                       metrics: dict[str, float]) -> None:
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.summary import hparams
+
+        fh = self._file(ref)
+        for summary in hparams(hp, metrics):
+            event = Event(wall_time=time.time(), step=0, summary=summary)
+            fh.write(_tf_record(event.SerializeToString()))
+
+    def _close(self, trial_id: str) -> None:
+        fh = self._files.pop(trial_id, None)
+        if fh is not None:
+            fh.close()
+
+    def _close_all(self) -> None:
+        for trial_id in list(self._files):
+            self._close(trial_id)
+
+    # ------------------------------------------------------------ driver side
+    def log_trial_result(self, iteration: int, trial: Trial, result: dict[str, Any]) -> None:
         step = int(result.get("training_iteration", iteration))
         flat = flatten_dict({k: v for k, v in result.items() if k not in self._SKIP})
-        values = []
+        scalars = []
         for key, value in flat.items():
             if isinstance(value, bool) or not isinstance(value, numbers.Number):
                 continue
             value = float(value)
             if math.isnan(value) or math.isinf(value):
                 continue
-            values.append(Summary.Value(tag=f"ray/tune/{key}", simple_value=value))
-        if not values:
+            scalars.append((f"ray/tune/{key}", value))
+        if not scalars:
             return
-        self._last[trial.trial_id] = {v.tag: v.simple_value for v in values}
-        event = Event(wall_time=time.time(), step=step, summary=Summary(value=values))
-        self._file(trial).write(_tf_record(event.SerializeToString()))
+        self._last[trial.trial_id] = dict(scalars)
+        ref = _TrialRef(trial.trial_id, trial.path, trial.attempt)
+        wall = time.time()
+        self._submit(lambda: self._write_scalars(ref, wall, step, scalars))
+        self._unflushed = True
 
     def log_trial_end(self, trial: Trial, failed: bool = False) -> None:
-        try:
-            self._write_hparams(trial)
-        finally:
-            super().log_trial_end(trial, failed)
-            self._last.pop(trial.trial_id, None)
+        ref = _TrialRef(trial.trial_id, trial.path, trial.attempt)
+        metrics = self._last.pop(trial.trial_id, None)
+        if metrics:
+            hp: dict[str, Any] = {}
+            for key, value in flatten_dict(trial.evaluated_params or trial.config).items():
+                if isinstance(value, (bool, str)) or isinstance(value, numbers.Number):
+                    hp[key] = value
+                else:
+                    hp[key] = str(value)
+            self._submit(lambda: self._write_hparams(ref, hp, metrics))
+        self._submit(lambda: self._close(ref.trial_id))
 
-    def _write_hparams(self, trial: Trial) -> None:
-        from tensorboardX.proto.event_pb2 import Event
-        from tensorboardX.summary import hparams
+    def flush(self) -> None:
+        if self._unflushed:
+            self._unflushed = False
+            self._submit(super().flush)
 
-        metrics = self._last.get(trial.trial_id)
-        if not metrics:
-            return
-        hp = {}
-        for key, value in flatten_dict(trial.evaluated_params or trial.config).items():
-            if isinstance(value, (bool, str)) or isinstance(value, numbers.Number):
-                hp[key] = value
-            else:
-                hp[key] = str(value)
-        fh = self._file(trial)
-        for summary in hparams(hp, metrics):
-            event = Event(wall_time=time.time(), step=0, summary=summary)
-            fh.write(_tf_record(event.SerializeToString()))
+    def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
+        self._submit(self._close_all)
+        thread = self._thread
+        self._jobs.put(None)
+        if thread is not None:
+            thread.join(self._CLOSE_TIMEOUT)
+            if thread.is_alive():
+                logger.warning("TensorBoard files were still being written after %.0fs",
+                               self._CLOSE_TIMEOUT)
+        self._thread = None
 
 
 DEFAULT_LOGGERS = (JsonLoggerCallback, CSVLoggerCallback, TBXLoggerCallback)
