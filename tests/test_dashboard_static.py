@@ -98,3 +98,50 @@ def test_bad_paths(tmp_path):
         load_experiment(None)
     with pytest.raises(ValueError, match="port"):
         serve_static(str(tmp_path), port=-1)
+
+
+def test_cli_dashboard_serves_a_results_folder(tmp_path):
+    """``dasktune dashboard PATH`` (a separate process) serves every experiment under PATH."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from conftest import free_port, wait_for
+
+    fs = fsspec.filesystem("file")
+    write_experiment(fs, str(tmp_path / "exp-a"), n_trials=2)
+    write_experiment(fs, str(tmp_path / "exp-b"), n_trials=3)
+    port = free_port()
+    log = tmp_path / "cli.log"
+    exe = os.path.join(os.path.dirname(sys.executable), "dasktune")
+    with open(log, "w") as out:
+        proc = subprocess.Popen([exe, "dashboard", str(tmp_path), "--port", str(port)],
+                                stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: "serving" in log.read_text() or proc.poll() is not None,
+                 timeout=30, what="the dashboard command to start serving")
+        assert proc.poll() is None, log.read_text()
+        url = re.search(r"(http://\S+/dasktune)", log.read_text()).group(1)
+        assert url == f"http://127.0.0.1:{port}/dasktune"
+        assert "bokeh" in requests.get(url, timeout=10).text
+        experiments = requests.get(url + "/api/experiments", timeout=10).json()["experiments"]
+        assert len(experiments) == 2
+        counts = sorted(len(requests.get(url + "/api/trials", params={"experiment": e[
+            "experiment_id"]}, timeout=10).json()["trials"]) for e in experiments)
+        assert counts == [2, 3]  # two experiments of one name stay apart
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_cli_dashboard_names_a_missing_folder(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    exe = os.path.join(os.path.dirname(sys.executable), "dasktune")
+    out = subprocess.run([exe, "dashboard", str(tmp_path / "nope")], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode != 0
+    assert "nope" in out.stderr and "Traceback" not in out.stderr

@@ -190,9 +190,9 @@ def dashboard(ctx: click.Context, target: str, name: str | None, open_: bool,
               port: int) -> None:
     """Print (and optionally open) a cluster's dashboard URL, or serve an experiment's page."""
     if not (target.endswith((".yaml", ".yml")) and os.path.isfile(target)):
-        from dasktune.cli.experiments import dashboard_experiment
+        from dasktune.cli.experiments import serve_experiments
 
-        ctx.invoke(dashboard_experiment, path=target, port=port)
+        serve_experiments(target, port=port, open_browser=open_)
         return
     url = _provider(target, name).dashboard_url()
     if not url:

@@ -1,4 +1,5 @@
-"""``dasktune ls``: the experiments and trials under a results folder or URI."""
+"""``dasktune ls`` and ``dasktune dashboard PATH``: the experiments and trials under a
+results folder or URI."""
 
 from __future__ import annotations
 
@@ -84,3 +85,33 @@ def ls(ctx: click.Context, path: str, trials: bool) -> None:
             shown = f"  {metric}={value:.6g}" if isinstance(value, (int, float)) else ""
             click.echo(f"  {t['trial_id']:<16} {t['status']:<10} "
                        f"iter={last.get('training_iteration', 0):<6}{shown}")
+
+
+def serve_experiments(path: str, port: int = 0, open_browser: bool = False,
+                      block: bool = True) -> Any:
+    """``dasktune dashboard PATH_OR_URI``: serve the dasktune page for the experiment at
+    ``path`` (or every experiment directly under it), read from storage: no cluster needed.
+
+    Blocks until interrupted when ``block``; otherwise returns the running server.
+    """
+    from dasktune.dashboard import serve_static
+
+    found = _experiments_under(path)
+    if not found:
+        raise click.ClickException(f"no experiments under {path}")
+    server, url = serve_static([storage.uri for storage, _state in found], port)
+    click.echo(f"serving {len(found)} experiment(s) from {path} at {url}  (Ctrl-C stops)")
+    sys.stdout.flush()
+    if open_browser:
+        import webbrowser
+
+        webbrowser.open(url)
+    if not block:
+        return server
+    try:
+        server.join()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return None

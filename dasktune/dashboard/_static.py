@@ -60,15 +60,17 @@ def load_experiment(path_or_uri: str, state: DashboardState | None = None,
 
     state = state if state is not None else DashboardState()
     name = str(saved.get("name") or posixpath.basename(root))
+    # Two experiments of one name (two results folders) stay apart in the selector.
+    experiment_id = name if name not in state.experiment_ids() else f"{name} @ {uri}"
     end_times = [t.end_time for t in trials if t.end_time is not None]
     info = {**saved, "name": name, "storage": saved.get("storage") or path_or_uri}
     status = saved.get("status") or (
         FINISHED if all(t.is_finished for t in trials) else "INTERRUPTED")
-    state.apply(experiment_message(name, info, status=status,
+    state.apply(experiment_message(experiment_id, info, status=status,
                                    end_time=saved.get("end_time") or max(end_times, default=None)))
-    state.apply({"type": TRIALS, "experiment_id": name,
+    state.apply({"type": TRIALS, "experiment_id": experiment_id,
                  "trials": [trial_record(t, metric, mode) for t in trials]})
-    state.apply({"type": RESULTS, "experiment_id": name,
+    state.apply({"type": RESULTS, "experiment_id": experiment_id,
                  "points": _read_points(fs, root, trials, metric)})
     return state
 
