@@ -198,3 +198,70 @@ def test_static_page_in_chromium(page, tmp_path):
         page.goto(url)
         expect_statuses(page, {f"{i:05d}": "TERMINATED" for i in range(3)})
         page.wait_for_function(CURVES_JS, arg=[3, "00000"])
+
+
+def _gated(config):
+    """Three reports, then wait (bounded) for the test to open the gate, then two more."""
+    import dasktune as tune
+
+    for i in range(1, 4):
+        tune.report({"loss": config["x"] + 1.0 / i})
+    deadline = time.monotonic() + 60
+    while not os.path.exists(config["gate"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for i in range(4, 6):
+        tune.report({"loss": config["x"] + 1.0 / i})
+
+
+def test_real_tuner_live_in_chromium(page, local_client, tmp_path):
+    """A real ``Tuner.fit()`` on the embedded cluster (worker processes) feeds the page:
+    the table shows every trial RUNNING with one curve each while they run, and all
+    TERMINATED with the best highlighted after ``fit()`` returns."""
+    import threading
+
+    import requests
+    from conftest import wait_for
+
+    import dasktune as tune
+
+    gate = str(tmp_path / "gate")
+    tuner = tune.Tuner(
+        _gated, param_space={"x": tune.grid_search([0.0, 1.0]), "gate": gate},
+        tune_config=tune.TuneConfig(metric="loss", mode="min"),
+        run_config=tune.RunConfig(name="browser-live", storage_path=str(tmp_path / "r"),
+                                  verbose=0))
+    out: dict = {}
+    fit = threading.Thread(target=lambda: out.setdefault("results", tuner.fit()), daemon=True)
+    fit.start()
+    try:
+        base = local_client.dashboard_link.split("/status")[0]
+
+        def experiment():
+            resp = requests.get(f"{base}/dasktune/api/experiments", timeout=5)
+            if resp.status_code != 200:  # fit() registers the page as it starts
+                return None
+            return next((e for e in resp.json()["experiments"]
+                         if e.get("name") == "browser-live"), None)
+
+        eid = wait_for(experiment, timeout=30, what="the experiment on the dashboard")[
+            "experiment_id"]
+
+        def trial_ids():
+            got = requests.get(f"{base}/dasktune/api/trials", params={"experiment": eid},
+                               timeout=5).json()["trials"]
+            return [t["trial_id"] for t in got] if len(got) == 2 else None
+
+        ids = wait_for(trial_ids, timeout=30, what="both trials on the dashboard")
+        page.goto(f"{base}/dasktune?experiment={eid}")
+        expect_statuses(page, {tid: "RUNNING" for tid in ids})
+        page.wait_for_function(CURVES_JS, arg=[2, None])
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "dashboard-live-tuner.png"), full_page=True)
+    finally:
+        open(gate, "w").close()
+        fit.join(90)
+    results = out["results"]
+    assert results.num_terminated == 2
+    best = results.get_best_result().metrics["trial_id"]
+    expect_statuses(page, {tid: "TERMINATED" for tid in ids})
+    page.wait_for_function(CURVES_JS, arg=[2, best])
