@@ -6,6 +6,9 @@
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
+
 from dasktune import _dask_config  # noqa: F401  (registers the dasktune: config section)
 from dasktune.callback import Callback
 from dasktune.checkpoint import Checkpoint
@@ -33,6 +36,25 @@ from dasktune.trainable import Trainable, with_parameters, with_resources
 from dasktune.tuner import Tuner
 
 __version__ = "0.1.0"
+
+# Ray's submodules reached as attributes (``tune.schedulers.ASHAScheduler``) without
+# ``import dasktune.schedulers``: imported on first use, so ``import dasktune`` stays light.
+_SUBMODULES = frozenset({
+    "callback", "checkpoint", "experiment", "logger", "progress", "result", "results",
+    "schedulers", "search", "stopper", "trainable", "tuner",
+})
+
+
+def __getattr__(name: str) -> ModuleType:
+    if name in _SUBMODULES:
+        module = importlib.import_module(f"dasktune.{name}")
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module 'dasktune' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | _SUBMODULES)
 
 __all__ = [
     "Callback", "Checkpoint", "CheckpointConfig", "FailureConfig", "Result", "ResultGrid",

@@ -33,6 +33,9 @@ from dasktune.trainable import is_class_trainable
 
 _MAX_BATCH = 5000
 _LINGER = 0.002
+# A running trial's driver polls it every poll-wait (0.2 s): silence this long means
+# nobody will collect its reports, so a closing worker need not wait for them.
+_DRIVER_GONE_S = 2.0
 _TRAINABLES: dict[bytes, Any] = {}
 
 
@@ -65,9 +68,12 @@ class TrialActor:
         self._error: str | None = None
         self._stop_now = threading.Event()
         self._stop_after_checkpoint = threading.Event()
+        self._checkpoint_now = threading.Event()  # a driver-side request (Callback)
+        self._kept: Any = None  # a class trainable's instance, kept for reuse_actors
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup: asyncio.Event | None = None
+        self._last_poll = time.monotonic()
 
     # ------------------------------------------------------------ actor API
     async def start(self) -> dict[str, Any]:
@@ -128,7 +134,19 @@ class TrialActor:
         """Take a new attempt (of any trial) once the previous one has ended."""
         if self._thread is not None and self._thread.is_alive():
             raise RuntimeError("the previous trial of this actor is still running")
+        kept = getattr(self, "_kept", None)
         self.__init__(spec, self._params)  # type: ignore[misc]
+        if kept is not None:
+            if spec.reuse_instance and type(kept) is self.spec.trainable:
+                self._kept = kept  # offered to the new trial through reset_config
+            else:
+                await asyncio.to_thread(kept.stop)
+
+    async def close(self) -> None:
+        """The actor is being dropped: clean up an instance kept for reuse."""
+        kept, self._kept = getattr(self, "_kept", None), None
+        if kept is not None:
+            await asyncio.to_thread(kept.stop)
 
     async def stop(self, checkpoint: bool = False) -> None:
         """End the attempt: at once, or after its next checkpoint (``checkpoint=True``).
@@ -143,8 +161,22 @@ class TrialActor:
         with self._cond:
             self._cond.notify_all()
 
+    async def checkpoint(self) -> None:
+        """Save a checkpoint after the step in flight and go on (a class trainable; a
+        Callback set ``SHOULD_CHECKPOINT`` in a result the driver saw)."""
+        self._checkpoint_now.set()
+
     async def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    def evacuated(self) -> bool:
+        """Whether the worker may close: the attempt ended (or never started) and the
+        driver acknowledged its every report, or no driver polls it any more (read by
+        the worker's evacuate plugin)."""
+        if self._thread is None or time.monotonic() - self._last_poll > _DRIVER_GONE_S:
+            return True
+        with self._cond:
+            return not self._thread.is_alive() and not self._buffer
 
     # ------------------------------------------------------------ runner thread
     def _emit(self, result: dict[str, Any] | None, checkpoint_path: str | None) -> None:
@@ -205,18 +237,22 @@ class TrialActor:
 
     def _run_class(self, session: TrialSession) -> None:
         spec = self.spec
-        inst = spec.trainable(
-            copy.deepcopy(spec.config),
-            trial_info={
-                "trial_id": spec.trial_id,
-                "trial_name": spec.trial_name,
-                "logdir": session.local_trial_dir(),
-                "resources": {**spec.resources, "gpu_ids": list(spec.gpu_ids)},
-                "iteration": session.iteration,
-                "time_total_s": session.time_total,
-                "params": self._params,
-            },
-        )
+        trial_info = {
+            "trial_id": spec.trial_id,
+            "trial_name": spec.trial_name,
+            "logdir": session.local_trial_dir(),
+            "resources": {**spec.resources, "gpu_ids": list(spec.gpu_ids)},
+            "iteration": session.iteration,
+            "time_total_s": session.time_total,
+            "params": self._params,
+        }
+        inst, self._kept = self._kept, None
+        if inst is not None and not inst.reset(copy.deepcopy(spec.config), trial_info):
+            inst.stop()  # reset_config said no: a fresh instance, as Ray does
+            inst = None
+        if inst is None:
+            inst = spec.trainable(copy.deepcopy(spec.config), trial_info=trial_info)
+        clean = True  # ended without an exception: the instance may be reused
         try:
             if spec.restore_path:
                 with Checkpoint(spec.restore_path, spec.storage.fs).as_directory() as local:
@@ -232,6 +268,9 @@ class TrialActor:
                 result = inst.train()
                 done = bool(result.get("done", False))
                 want = bool(result.pop(SHOULD_CHECKPOINT, False))
+                if self._checkpoint_now.is_set():
+                    self._checkpoint_now.clear()
+                    want = True
                 freq = spec.checkpoint_frequency
                 next_iter = session.iteration + 1
                 if freq and next_iter % freq == 0:
@@ -254,8 +293,14 @@ class TrialActor:
                     last_checkpointed = session.iteration
                 if done:
                     return
+        except BaseException:
+            clean = False
+            raise
         finally:
-            inst.stop()
+            if clean and spec.reuse_instance:
+                self._kept = inst  # for the next trial on this actor (reuse_actors)
+            else:
+                inst.stop()
 
     def _save_only(self, inst: Any, session: TrialSession) -> None:
         """A checkpoint with no new result (pause, graceful move, checkpoint_at_end)."""

@@ -6,6 +6,7 @@ values happens in ``__post_init__``, so a mistake is raised where it is written.
 
 from __future__ import annotations
 
+import datetime
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ class TuneConfig:
     scheduler: TrialScheduler | None = None
     num_samples: int = 1
     max_concurrent_trials: int | None = None
-    time_budget_s: float | None = None
+    time_budget_s: float | datetime.timedelta | None = None
     reuse_actors: bool = False
     trial_name_creator: Callable[[Any], str] | None = None
     trial_dirname_creator: Callable[[Any], str] | None = None
@@ -42,10 +43,9 @@ class TuneConfig:
 
     def __post_init__(self) -> None:
         _check_mode(self.mode, "TuneConfig")
-        if self.mode is not None and self.metric is None:
-            raise ValueError("TuneConfig: mode is set but metric is not; give both or neither")
+        # Ray allows mode without metric (a scheduler or searcher may carry the metric).
         if isinstance(self.metric, (list, tuple)) != isinstance(self.mode, (list, tuple)):
-            if self.mode is not None:
+            if self.mode is not None and self.metric is not None:
                 raise ValueError("TuneConfig: metric and mode must both be lists or both strings")
         if isinstance(self.metric, (list, tuple)) and len(self.metric) != len(self.mode or []):
             raise ValueError("TuneConfig: metric and mode lists differ in length")
@@ -61,6 +61,8 @@ class TuneConfig:
             raise ValueError(
                 f"TuneConfig: max_concurrent_trials must be >= 1, got {self.max_concurrent_trials}"
             )
+        if isinstance(self.time_budget_s, datetime.timedelta):  # Ray accepts one
+            self.time_budget_s = self.time_budget_s.total_seconds()
         if self.time_budget_s is not None and self.time_budget_s <= 0:
             raise ValueError(f"TuneConfig: time_budget_s must be > 0, got {self.time_budget_s}")
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -38,14 +37,14 @@ from dasktune.executor import (
     ExecEvent,
 )
 from dasktune.logger import EXPR_ERROR_FILE
-from dasktune.result import EARLY_STOPPED
+from dasktune.result import EARLY_STOPPED, SHOULD_CHECKPOINT
 from dasktune.results import TuneError
 from dasktune.session import TrialSpec
 from dasktune.storage import StorageError
 from dasktune.trial import ERROR, PAUSED, PENDING, RUNNING, TERMINATED, Placement, Trial
 
 if TYPE_CHECKING:
-    from dasktune.config import CheckpointConfig, FailureConfig
+    from dasktune.config import CheckpointConfig, FailureConfig, TuneConfig
     from dasktune.executor import DaskExecutor
     from dasktune.schedulers import TrialScheduler
     from dasktune.search import SearchAlgorithm
@@ -60,6 +59,9 @@ _PAUSING = "pausing"  # checkpoint, then PAUSED
 _EXPLOITING = "exploiting"  # PBT: restart with a new config from a donor checkpoint
 _REQUEUE = "requeue"  # restart from the latest checkpoint (a graceful move)
 _MIN_SAVE_GAP = 0.5
+_SAVE_SHARE = 19.0  # gap between state saves, in multiples of the last save's duration
+_MAX_SAVE_GAP = 30.0
+_ERROR_RETRY_S = 5.0  # error.txt writes that failed are retried this often
 
 
 class _Context:
@@ -76,6 +78,11 @@ class _Context:
 
     def time(self) -> float:
         return time.time()
+
+    @property
+    def storage(self) -> ExperimentStorage:
+        """The experiment's storage (PBT writes its ``log_config`` policy files there)."""
+        return self._c.storage
 
 
 class TuneController:
@@ -105,8 +112,12 @@ class TuneController:
         save_state: Callable[[TuneController], None] | None = None,
         can_scale: bool = False,
         reporter: Any = None,
+        tune_config: TuneConfig | None = None,
     ):
         self.trainable = trainable
+        # Name creators and reuse_actors; the state writer carries it on restore.
+        self.tune_config = tune_config or getattr(save_state, "tune_config", None)
+        self._reuse_instances = bool(getattr(self.tune_config, "reuse_actors", False))
         # Pickled here, once, with cloudpickle: Dask would send an importable function by
         # reference, which fails on workers that cannot import the user's module.
         self._trainable_blob = cloudpickle.dumps(trainable)
@@ -138,6 +149,10 @@ class TuneController:
         self._start = time.monotonic()
         self._last_save = 0.0
         self._save_period = _dask_config.get_seconds("controller.checkpoint-period")
+        self._save_gap = _MIN_SAVE_GAP
+        self._warned_on_demand = False
+        self._unwritten_errors: list[tuple[Trial, str]] = []
+        self._errors_tried = 0.0
         self._stop_all = False
         self._raise: BaseException | None = None
         self._waiting_reason: str | None = None
@@ -156,6 +171,10 @@ class TuneController:
 
     # ------------------------------------------------------------------ loop
     def run(self) -> list[Trial]:
+        from dasktune import tuner_build
+
+        # Before the first trial exists, so a bad option costs no work (Ray: at fit()).
+        tuner_build.check_checkpoint_config(self.trainable, self.checkpoint_config)
         self.callbacks.setup(stop=self.stop_dict, num_samples=None,
                              total_num_samples=self.search_alg.total_samples,
                              storage=self.storage, controller=self)
@@ -193,7 +212,9 @@ class TuneController:
         self._check_budget()
         self.callbacks.on_step_end(iteration=self._iteration, trials=self.trials)
         now = time.monotonic()
-        if self._dirty and now - self._last_save >= self._save_period:
+        if self._unwritten_errors and now - self._errors_tried >= _ERROR_RETRY_S:
+            self._flush_errors()
+        if self._dirty and now - self._last_save >= max(self._save_period, self._save_gap):
             self.save()
         if self._reporter is not None:
             self._reporter.maybe_report(self.trials, self._status_line(),
@@ -206,6 +227,8 @@ class TuneController:
 
     def _shutdown(self) -> None:
         self.executor.shutdown()
+        if self._unwritten_errors:
+            self._flush_errors()
         for trial in self.trials:
             if trial.status == RUNNING:  # interrupted: resumable on restore
                 trial.set_status(PENDING)
@@ -217,14 +240,14 @@ class TuneController:
                 self._reporter.final(self.trials)
 
     def _save_soon(self) -> None:
-        """A trial ended: save within ``_MIN_SAVE_GAP`` s (not per trial: the state grows
-        with the trial count, and saving it per completion would be quadratic)."""
+        """A trial ended: save soon, not per trial (the state grows with the trial
+        count, so saving it per completion would be quadratic)."""
         self._dirty = True
-        if time.monotonic() - self._last_save >= _MIN_SAVE_GAP:
+        if time.monotonic() - self._last_save >= self._save_gap:
             self.save()
 
     def save(self) -> None:
-        self._last_save = time.monotonic()
+        start = self._last_save = time.monotonic()
         self._dirty = False
         if self._save_state is not None:
             try:
@@ -232,6 +255,10 @@ class TuneController:
             except StorageError as exc:  # storage outage: keep running, retry next period
                 logger.warning("could not save the experiment state: %s", exc)
                 self._dirty = True
+            # Saving takes at most ~5% of the driver's time (Ray's "auto" checkpoint
+            # period does the same): with 10k trials the state takes a while to write.
+            self._save_gap = min(_MAX_SAVE_GAP, max(_MIN_SAVE_GAP,
+                                                    _SAVE_SHARE * (time.monotonic() - start)))
 
     # ------------------------------------------------------------- starting
     def _concurrency_ok(self) -> bool:
@@ -255,14 +282,19 @@ class TuneController:
         return started
 
     def _new_trial(self) -> bool:
+        from dasktune import tuner_build
+
         suggestion = self.search_alg.next_trial()
         if suggestion is None:
             return False
         trial = Trial(trial_id=suggestion.trial_id, config=suggestion.config,
-                      experiment_tag=suggestion.experiment_tag)
+                      experiment_tag=suggestion.experiment_tag,
+                      trainable_name=self.trainable_name)
         trial.resources = self.resources_for(trial.config)
         trial.evaluated_params = getattr(suggestion, "evaluated_params", None) or {}
-        trial.path = self.storage.trial_path(f"{self.trainable_name}_{trial.dirname}")
+        tuner_build.apply_name_creators(trial, self.tune_config)
+        dirname = trial.custom_dirname or f"{self.trainable_name}_{trial.dirname}"
+        trial.path = self.storage.trial_path(dirname)
         self.trials.append(trial)
         self._by_id[trial.trial_id] = trial
         self.scheduler.on_trial_add(self._ctx, trial)
@@ -315,6 +347,7 @@ class TuneController:
             max_buffered=int(_dask_config.get("executor.max-buffered-reports")),
             sync_reports=self._sync_reports,
             isolate=bool(_dask_config.get("executor.isolate")),
+            reuse_instance=self._reuse_instances,
         )
         trial.restore_path = None
         # A restart continues the iteration count of its checkpoint, or restarts at 0.
@@ -409,6 +442,8 @@ class TuneController:
             self._dirty = True
             self.callbacks.on_trial_result(iteration=self._iteration, trials=self.trials,
                                            trial=trial, result=result)
+            if result.pop(SHOULD_CHECKPOINT, False):  # a Callback asked (Ray's idiom)
+                self._checkpoint_on_demand(trial)
             self.search_alg.on_trial_result(trial.trial_id, result)
             try:
                 done = bool(result.get("done")) or self.stopper(trial.trial_id, result)
@@ -422,14 +457,39 @@ class TuneController:
                     self._action.pop(trial.trial_id)
                     self._apply(trial, "STOP_DONE", result)
                 continue
-            decision = self.scheduler.on_trial_result(self._ctx, trial, result)
+            if self._only_auto_keys(result):
+                decision = None  # nothing for a scheduler to judge (as Ray's ASHA skips it)
+            else:
+                decision = self.scheduler.on_trial_result(self._ctx, trial, result)
             if done:
                 decision = "STOP_DONE"
             self._apply(trial, decision, result)
         if self.stopper.stop_all():
             self._stop_everything("stopper.stop_all() returned True")
 
+    def _checkpoint_on_demand(self, trial: Trial) -> None:
+        from dasktune.trainable import is_class_trainable
+
+        if is_class_trainable(self.trainable):
+            self.executor.checkpoint(trial.trial_id)
+        elif not self._warned_on_demand:
+            self._warned_on_demand = True
+            logger.warning(
+                "a Callback set SHOULD_CHECKPOINT for trial %s, but a function trainable "
+                "is checkpointed only when it passes checkpoint= to tune.report; ignored",
+                trial.trial_id)
+
+    @staticmethod
+    def _only_auto_keys(result: dict[str, Any]) -> bool:
+        from dasktune.results import AUTO_RESULT_KEYS
+
+        return all(k in AUTO_RESULT_KEYS for k in result)
+
     def _has_metrics(self, trial: Trial, result: dict[str, Any]) -> bool:
+        # Like Ray, a result with only auto-filled keys (a bare ``{"done": True}`` from
+        # step() or a returned dict) is not checked: it carries no metrics at all.
+        if self._only_auto_keys(result):
+            return True
         metrics = self.metric if isinstance(self.metric, (list, tuple)) else [self.metric]
         for m in metrics:
             if m not in result:
@@ -518,15 +578,19 @@ class TuneController:
 
     def _on_lost(self, trial: Trial, why: str) -> None:
         tid = trial.trial_id
-        action = self._action.pop(tid, None)
+        action = self._action.get(tid)
         self._pending_exploit.pop(tid, None)
         self._end_placement(trial, "lost")
         self.executor.release(tid)
-        if not trial.is_finished and action is None:
+        if not trial.is_finished and action in (None, _REQUEUE, _PAUSING):
+            # A move or pause commits its checkpoint just before the worker may go: adopt
+            # it while the action still stands, so its result isn't a scheduler decision.
             self._adopt_unreported_checkpoint(trial)
+        self._action.pop(tid, None)
         if trial.is_finished:
             return
-        trial.num_restarts += 1
+        if action != _REQUEUE:  # a trial being moved off a leaving worker lost nothing
+            trial.num_restarts += 1
         limit = self.failure_config.max_worker_losses
         if limit != -1 and trial.num_restarts > limit:
             self._error(trial, f"trial {tid} lost its worker {trial.num_restarts} times "
@@ -598,15 +662,27 @@ class TuneController:
     def _write_error(self, trial: Trial, error: str) -> None:
         if not trial.path:
             return
-        path = f"{trial.path}/{EXPR_ERROR_FILE}"
-        try:
-            old = self.storage.read_bytes(path).decode() if self.storage.exists(path) else ""
-            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-            text = f"{old}Failure # {trial.num_failures} (occurred at {stamp})\n{error}\n"
-            self.storage.write_bytes(path, text.encode())
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        self._unwritten_errors.append(
+            (trial, f"Failure # {trial.num_failures} (occurred at {stamp})\n{error}\n"))
+        self._flush_errors()
+
+    def _flush_errors(self) -> None:
+        """Append the failures not yet in their ``error.txt``; a storage outage keeps
+        them for the next try (every few seconds, and at the end), never drops them."""
+        self._errors_tried = time.monotonic()
+        while self._unwritten_errors:
+            trial, block = self._unwritten_errors[0]
+            path = f"{trial.path}/{EXPR_ERROR_FILE}"
+            try:
+                old = self.storage.read_bytes(path).decode() if self.storage.exists(path) \
+                    else ""
+                self.storage.write_bytes(path, (old + block).encode())
+            except Exception as exc:  # noqa: BLE001 - never let error reporting hide the error
+                logger.warning("could not write %s (%s); retrying later", path, exc)
+                return
             trial.error_file = path
-        except Exception:  # noqa: BLE001 - never let error reporting hide the error
-            logger.warning("could not write %s:\n%s", path, traceback.format_exc())
+            self._unwritten_errors.pop(0)
 
     def _end_placement(self, trial: Trial, outcome: str) -> None:
         if trial.placements and trial.placements[-1].end is None:

@@ -122,7 +122,10 @@ class DaskExecutor:
         return True
 
     def retire_when_free(self, addr: str) -> bool:
-        """Ask Dask again to retire ``addr`` once no trial of ours is on it."""
+        """Ask Dask again to retire ``addr`` once no trial of ours is on it (dropping
+        the idle actors pooled there, which would make Dask refuse)."""
+        if addr in self._retiring:
+            self._drop_idle(addr)
         if self.running_on(addr) or addr not in self._retiring:
             return False
 
@@ -245,6 +248,14 @@ class DaskExecutor:
             return
         asyncio.run_coroutine_threadsafe(self._call_quiet(run, "stop", checkpoint), self._loop)
 
+    def checkpoint(self, trial_id: str) -> None:
+        """Ask a running attempt for a checkpoint after its step in flight (class
+        trainables; asked by a Callback through ``SHOULD_CHECKPOINT``)."""
+        run = self._runs.get(trial_id)
+        if run is None or not run.started:
+            return
+        asyncio.run_coroutine_threadsafe(self._call_quiet(run, "checkpoint"), self._loop)
+
     def release(self, trial_id: str) -> None:
         """Forget an attempt (after its FINISHED/LOST/START_FAILED event): free its
         resources and let Dask drop the actor."""
@@ -263,17 +274,20 @@ class DaskExecutor:
         if future is None:
             return
         pool = self._idle.setdefault(run.worker, [])
+        # Never pool on a retiring worker: Dask refuses to retire one that holds an actor.
         if run.finished and not self._closed and run.worker not in self._gone and \
-                len(pool) < self._pool_size:
+                run.worker not in self._retiring and len(pool) < self._pool_size:
             pool.append((run.key, future))
+        elif run.finished and run.worker not in self._gone:
+            asyncio.run_coroutine_threadsafe(
+                self._close_and_release(run.worker, run.key, future), self._loop)
         else:
             self._loop.call_soon_threadsafe(future.release)
 
     def lose_worker(self, addr: str) -> list[str]:
         """Mark every attempt on ``addr`` lost (told by the scheduler plugin)."""
         lost = self.running_on(addr)
-        for _key, future in self._idle.pop(addr, []):
-            self._loop.call_soon_threadsafe(future.release)
+        self._drop_idle(addr)
         for tid in lost:
             run = self._runs[tid]
             self._events.put(ExecEvent(LOST, tid, run.spec.attempt,
@@ -282,6 +296,11 @@ class DaskExecutor:
                 run.task.cancel()
         self._workers_at = 0.0
         return lost
+
+    def _drop_idle(self, addr: str) -> None:
+        """Let Dask drop the idle actors pooled on ``addr``."""
+        for _key, future in self._idle.pop(addr, []):
+            self._loop.call_soon_threadsafe(future.release)
 
     def events(self, timeout: float) -> list[ExecEvent]:
         """Every event so far, waiting up to ``timeout`` s for the first."""
@@ -315,28 +334,46 @@ class DaskExecutor:
                 except Exception:  # noqa: BLE001 - best effort on the way out
                     pass
             self.release(tid)
-        for pool in self._idle.values():
-            for _key, future in pool:
-                self._loop.call_soon_threadsafe(future.release)
+        closing = [asyncio.run_coroutine_threadsafe(self._close_and_release(addr, key, future),
+                                                    self._loop)
+                   for addr, pool in self._idle.items() for key, future in pool]
         self._idle.clear()
+        for done in closing:
+            try:
+                done.result(5)
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                pass
 
     # ------------------------------------------------------------ async side
     async def _call(self, run: _Run, method: str, *args: Any, timeout: float = 30.0) -> Any:
+        return await self._call_at(run.worker, run.key, method, *args, timeout=timeout)
+
+    async def _call_at(self, worker: str, key: str, method: str, *args: Any,
+                       timeout: float = 30.0) -> Any:
         from distributed.actor import ProxyRPC
         from distributed.protocol import to_serialize
 
         if self._direct:
-            rpc = self.client.rpc(run.worker)
+            rpc = self.client.rpc(worker)
         else:
-            rpc = ProxyRPC(self.client.scheduler, run.worker)
+            rpc = ProxyRPC(self.client.scheduler, worker)
         resp = await asyncio.wait_for(
-            rpc.actor_execute(actor=run.key, function=method,
+            rpc.actor_execute(actor=key, function=method,
                               args=[to_serialize(a) for a in args], kwargs={}),
             timeout,
         )
         if resp["status"] == "OK":
             return resp["result"]
         raise resp["exception"]
+
+    async def _close_and_release(self, worker: str, key: str, future: Future) -> None:
+        """Let an ended actor clean up what it kept for reuse, then let Dask drop it."""
+        try:
+            await self._call_at(worker, key, "close", timeout=3.0)
+        except Exception as exc:  # noqa: BLE001 - it is going away either way
+            logger.debug("close of %s on %s failed: %r", key, worker, exc)
+        finally:
+            future.release()
 
     async def _call_quiet(self, run: _Run, method: str, *args: Any) -> None:
         try:

@@ -157,9 +157,11 @@ def _open(path: str, storage_filesystem: Any, storage_options: dict[str, Any] | 
                                                   storage_options=storage_options)
 
 
-def can_restore(path: str, storage_filesystem: Any = None) -> bool:
+def can_restore(path: str, storage_filesystem: Any = None,
+                storage_options: dict[str, Any] | None = None) -> bool:
+    """Whether ``path`` holds the state and ``tuner.pkl`` of an experiment."""
     try:
-        storage = _open(path, storage_filesystem)
+        storage = _open(path, storage_filesystem, storage_options)
         return storage.exists(storage.path(STATE_FILE)) and storage.exists(
             storage.path(TUNER_FILE))
     except Exception:  # noqa: BLE001 - unreachable or malformed: not restorable
@@ -170,13 +172,19 @@ def read_state(storage: ExperimentStorage) -> dict[str, Any]:
     return storage.read_json(storage.path(STATE_FILE))
 
 
-def load(path: str, *, storage_filesystem: Any = None, resume_unfinished: bool = True,
+def load(path: str, *, storage_filesystem: Any = None,
+         storage_options: dict[str, Any] | None = None, resume_unfinished: bool = True,
          resume_errored: bool = False, restart_errored: bool = False) -> RestoredExperiment:
-    """Read an experiment and decide what each trial does next (Ray's restore rules)."""
+    """Read an experiment and decide what each trial does next (Ray's restore rules).
+
+    ``storage_filesystem`` / ``storage_options`` reach the experiment's storage (they
+    are not saved with credentials); without them the saved ``storage_options``
+    (scrubbed of credentials) are used for the restored run.
+    """
     from dasktune.tuner_build import make_scheduler, make_search_alg
 
-    storage = _open(path, storage_filesystem)
-    if not can_restore(path, storage_filesystem):
+    storage = _open(path, storage_filesystem, storage_options)
+    if not can_restore(path, storage_filesystem, storage_options):
         raise ValueError(f"no restorable experiment at {storage.uri!r} "
                          f"(expected {STATE_FILE} and {TUNER_FILE} there)")
     static = cloudpickle.loads(storage.read_bytes(storage.path(TUNER_FILE)))
@@ -185,6 +193,14 @@ def load(path: str, *, storage_filesystem: Any = None, resume_unfinished: bool =
     run_config: RunConfig = static["run_config"]
     if storage_filesystem is not None:
         run_config.storage_filesystem = storage_filesystem
+    if storage_options is not None:
+        run_config.storage_options = storage_options
+    elif storage_filesystem is None and run_config.storage_options:
+        # The saved options (endpoints, regions, client settings) shape the restored
+        # run's filesystem; credentials come from the usual places again. Kept only if
+        # they still reach the experiment (a saved endpoint may be gone).
+        if can_restore(path, None, run_config.storage_options):
+            storage = _open(path, None, run_config.storage_options)
     # Storage is where the experiment is now (it may have been moved or copied).
     run_config.name = storage.name
     uid = static["uid"]
@@ -253,7 +269,7 @@ def _append_result(storage: ExperimentStorage, trial: Trial, result: dict[str, A
         fh.write(json.dumps(dict(result, config=trial.config), default=_json_default)
                  .encode() + b"\n")
     finally:
-        fh.close()
+        fh.close(final=True)  # a spool that cannot be uploaded stays on disk, named in the log
 
 
 def _newest_of_lineage(trial: Trial, storage: ExperimentStorage) -> str | None:
@@ -279,16 +295,17 @@ def _decide(trial: Trial, storage: ExperimentStorage, resume_unfinished: bool,
     if trial.status == TERMINATED:
         return
     if trial.status == ERROR:
-        if restart_errored:
+        # Both flags set: resume wins, as in Ray's Tuner.restore.
+        if resume_errored:
+            _catch_up(trial, storage)
+            trial.status = PENDING
+            trial.num_failures = 0
+            trial.error_msg = None
+        elif restart_errored:
             trial.status = PENDING
             trial.checkpoint = None
             trial.checkpoint_iteration = 0
             trial.logged_iteration = 0
-            trial.num_failures = 0
-            trial.error_msg = None
-        elif resume_errored:
-            _catch_up(trial, storage)
-            trial.status = PENDING
             trial.num_failures = 0
             trial.error_msg = None
         return

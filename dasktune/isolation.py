@@ -154,6 +154,9 @@ def _relay(actor: TrialActor, conn: Connection,
         if not sent_ckpt and actor._stop_after_checkpoint.is_set():
             conn.send_bytes(pickle.dumps(("stop", True)))
             sent_ckpt = True
+        if actor._checkpoint_now.is_set():
+            actor._checkpoint_now.clear()
+            conn.send_bytes(pickle.dumps(("checkpoint",)))
         if not sent_now and actor._stop_now.is_set():
             conn.send_bytes(pickle.dumps(("stop", False)))
             sent_now = True
@@ -224,7 +227,9 @@ def _watch_parent(conn: Connection, actor: TrialActor) -> None:
             msg = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):
             os._exit(_ORPHAN_EXIT)
-        if msg[0] == "stop":
+        if msg[0] == "checkpoint":
+            actor._checkpoint_now.set()
+        elif msg[0] == "stop":
             (actor._stop_after_checkpoint if msg[1] else actor._stop_now).set()
             with actor._cond:
                 actor._cond.notify_all()

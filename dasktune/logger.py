@@ -24,8 +24,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from dasktune import _dask_config
 from dasktune.callback import Callback
-from dasktune.storage import AppendFile, _json_default
+from dasktune.storage import AppendFile, StorageError, _json_default
 
 if TYPE_CHECKING:
     from dasktune.storage import ExperimentStorage
@@ -100,34 +101,73 @@ class LoggerCallback(Callback):
 
 
 class _PerTrialFiles(LoggerCallback):
-    """Keeps one open :class:`AppendFile` per live trial."""
+    """Keeps one open :class:`AppendFile` per live trial.
+
+    Storage outages longer than the retry budget never fail the experiment and lose no
+    line: a file whose upload fails keeps its lines (the open file or its spool) and is
+    uploaded at a later flush; a trial's file that cannot be closed stays open in
+    ``_closing`` and is closed at a later flush, or at the experiment's end, when a
+    spool that still cannot be uploaded is kept on disk and named in the log.
+    """
 
     filename = ""
 
     def __init__(self) -> None:
         self._files: dict[str, AppendFile] = {}
+        self._closing: dict[str, AppendFile] = {}
 
     def _file(self, trial: Trial) -> AppendFile:
         fh = self._files.get(trial.trial_id)
         if fh is None:
-            assert self.storage is not None and trial.path
-            fh = self.storage.open_append(f"{trial.path}/{self.filename}")
+            # A restarted trial takes back its unclosed file: a second one on the same
+            # object would upload without the lines the first still holds.
+            fh = self._closing.pop(trial.trial_id, None)
+            if fh is None:
+                assert self.storage is not None and trial.path
+                fh = self.storage.open_append(f"{trial.path}/{self.filename}")
             self._files[trial.trial_id] = fh
         return fh
+
+    def _close_file(self, trial_id: str, fh: AppendFile) -> None:
+        """Close ``fh``; if storage is unreachable, keep it for a later flush to close."""
+        try:
+            fh.close()
+        except StorageError as exc:
+            logger.warning("%s; the file stays open and is uploaded later", exc)
+            self._closing[trial_id] = fh
+
+    def _close_pending(self, final: bool = False) -> None:
+        """Retry the closes that failed (at most once per sync period unless ``final``)."""
+        for trial_id, fh in list(self._closing.items()):
+            if not final:
+                fh.flush()  # uploads when a period has passed; logs a failure
+                if fh.dirty:
+                    continue
+            try:
+                fh.close(final=final)
+            except StorageError:  # logged by close(final=True); kept for the next try
+                if not final:
+                    continue
+            self._closing.pop(trial_id, None)
 
     def flush(self) -> None:
         for fh in self._files.values():
             fh.flush()
+        self._close_pending()
 
     def log_trial_end(self, trial: Trial, failed: bool = False) -> None:
         fh = self._files.pop(trial.trial_id, None)
         if fh is not None:
-            fh.close()
+            self._close_file(trial.trial_id, fh)
+
+    def _close_everything(self) -> None:
+        """At the experiment's end: close every file, keeping what cannot be uploaded."""
+        self._closing.update(self._files)
+        self._files.clear()
+        self._close_pending(final=True)
 
     def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
-        for fh in self._files.values():
-            fh.close()
-        self._files.clear()
+        self._close_everything()
 
 
 class JsonLoggerCallback(_PerTrialFiles):
@@ -135,17 +175,50 @@ class JsonLoggerCallback(_PerTrialFiles):
 
     filename = EXPR_RESULT_FILE
 
+    def __init__(self) -> None:
+        super().__init__()
+        # params files storage could not take yet: path -> content, written at a flush
+        self._unwritten: dict[str, bytes] = {}
+        self._last_try = float("-inf")
+
     def log_trial_start(self, trial: Trial) -> None:
         assert self.storage is not None and trial.path
-        self.storage.write_bytes(f"{trial.path}/{EXPR_PARAM_FILE}",
-                                 json.dumps(trial.config, indent=2, sort_keys=True,
-                                            default=_json_default).encode())
+        self._unwritten[f"{trial.path}/{EXPR_PARAM_FILE}"] = json.dumps(
+            trial.config, indent=2, sort_keys=True, default=_json_default).encode()
         try:
             data = pickle.dumps(trial.config)
         except Exception:  # noqa: BLE001 - a config with unpicklable values keeps params.json
             data = None
         if data is not None:
-            self.storage.write_bytes(f"{trial.path}/{EXPR_PARAM_PICKLE_FILE}", data)
+            self._unwritten[f"{trial.path}/{EXPR_PARAM_PICKLE_FILE}"] = data
+        self._write_params(now=True)
+
+    def _write_params(self, now: bool = False) -> None:
+        """Write the params files storage has not taken yet (failed ones: once a period)."""
+        if not self._unwritten or self.storage is None:
+            return
+        period = _dask_config.get_seconds("storage.sync-period")
+        if not now and time.monotonic() - self._last_try < period:
+            return
+        self._last_try = time.monotonic()
+        for path, data in list(self._unwritten.items()):
+            try:
+                self.storage.write_bytes(path, data)
+            except StorageError as exc:
+                logger.warning("%s; written again later", exc)
+                return
+            del self._unwritten[path]
+
+    def flush(self) -> None:
+        super().flush()
+        self._write_params()
+
+    def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
+        self._write_params(now=True)
+        for path in self._unwritten:
+            logger.error("could not write %s: storage unreachable",
+                         self.storage.uri_of(path) if self.storage else path)
+        super().on_experiment_end(trials, **info)
 
     def log_trial_result(self, iteration: int, trial: Trial, result: dict[str, Any]) -> None:
         line = json.dumps(result, default=_json_default, allow_nan=True)
@@ -315,11 +388,10 @@ class TBXLoggerCallback(_PerTrialFiles):
     def _close(self, trial_id: str) -> None:
         fh = self._files.pop(trial_id, None)
         if fh is not None:
-            fh.close()
+            self._close_file(trial_id, fh)
 
     def _close_all(self) -> None:
-        for trial_id in list(self._files):
-            self._close(trial_id)
+        self._close_everything()
 
     # ------------------------------------------------------------ driver side
     def log_trial_result(self, iteration: int, trial: Trial, result: dict[str, Any]) -> None:

@@ -11,9 +11,18 @@ failed poll:
   past ``distributed.scheduler.worker-ttl``). The driver restarts its trials on
   other workers from their newest committed checkpoints.
 - a worker's status changing to ``closing_gracefully`` (``retire_workers``,
-  adaptive downscaling, SIGTERM from a spot notice): the driver checkpoints its
-  trials there, moves them, and then asks for the retirement again, which Dask
-  refused while the actors were on the worker.
+  adaptive downscaling) or ``closing`` (``Worker.close``, e.g. SIGTERM from a spot
+  notice): the driver checkpoints its trials there, moves them, and then asks for
+  the retirement again, which Dask refused while the actors were on the worker.
+
+A closing worker does not wait for that on its own: :class:`EvacuatePlugin`, a
+worker plugin, holds ``Worker.close`` (in its ``teardown``) until the worker's
+trials have checkpointed and stopped and the driver has their last reports, for at
+most ``dasktune.executor.evacuate-timeout``. Under a nanny (``dask worker``'s
+default) SIGTERM closes the worker this way and the nanny kills it 8 s later (the
+CLI's ``Nanny.close(timeout=10)``), so keep the timeout below that. With
+``--no-nanny`` a SIGTERM gives no such chance: the trials are lost and restart from
+their newest committed checkpoints.
 
 Events go to the driver through ``log_event`` on the topic :data:`TOPIC`. The
 plugin keeps no trial state of its own; it only needs ``dasktune`` importable on
@@ -25,13 +34,15 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from distributed.diagnostics.plugin import SchedulerPlugin
+from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 
 if TYPE_CHECKING:
-    from distributed import Scheduler
+    from distributed import Scheduler, Worker
 
 TOPIC = "dasktune-cluster"
 PLUGIN_NAME = "dasktune-recovery"
+WORKER_PLUGIN_NAME = "dasktune-evacuate"
+_NOTICE_STATUSES = ("closing_gracefully", "closing")
 
 
 class RecoveryPlugin(SchedulerPlugin):
@@ -62,20 +73,71 @@ class RecoveryPlugin(SchedulerPlugin):
         # Worker status changes are logged on the worker's own topic (its address).
         if not isinstance(msg, dict) or msg.get("action") != "worker-status-change":
             return
-        if msg.get("status") == "closing_gracefully":
+        if msg.get("status") in _NOTICE_STATUSES:
             self._send({"op": "retiring", "worker": topic})
 
 
+class EvacuatePlugin(WorkerPlugin):
+    """Holds a closing worker until its trials have moved off (see the module docs).
+
+    ``teardown`` tells the driver the worker is going (the ``retiring`` event, which
+    the scheduler also derives from the status change), then waits until every
+    :class:`~dasktune.actor.TrialActor` there has ended and the driver has acknowledged
+    its last report, or ``dasktune.executor.evacuate-timeout`` has passed. It returns
+    at once on a worker with no running trial. The driver, not this plugin, stops the
+    trials, so it always knows that they ended because they were moved.
+    """
+
+    idempotent = True
+    name = WORKER_PLUGIN_NAME
+
+    async def teardown(self, worker: Worker) -> None:
+        import asyncio
+
+        from dasktune import _dask_config
+
+        if not _busy(worker):
+            return
+        try:
+            worker.log_event(TOPIC, {"op": "retiring", "worker": worker.address,
+                                     "time": time.time()})
+        except Exception:  # noqa: BLE001 - the scheduler also sees the status change
+            pass
+        from dask.utils import parse_timedelta
+
+        # Default below the 8 s a nanny gives Worker.close: the rest of close needs time.
+        limit = float(parse_timedelta(_dask_config.get("executor.evacuate-timeout", "6s"),
+                                      default="s"))
+        deadline = time.monotonic() + limit
+        while _busy(worker) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
+
+def _busy(worker: Worker) -> bool:
+    """Whether a trial on ``worker`` still runs or holds reports the driver lacks."""
+    from dasktune.actor import TrialActor
+
+    return any(isinstance(a, TrialActor) and not a.evacuated()
+               for a in list(worker.state.actors.values()))
+
+
 def register(client: Any) -> bool:
-    """Install the plugin on ``client``'s scheduler; False (and a warning) if it can't be."""
+    """Install the plugins on ``client``'s cluster; False (and a warning) if the scheduler's
+    can't be (a worker plugin that can't be installed only warns)."""
     import logging
 
     try:
         client.register_plugin(RecoveryPlugin(), name=PLUGIN_NAME)
-        return True
     except Exception as exc:  # noqa: BLE001 - fall back to detection by failed polls
         logging.getLogger(__name__).warning(
             "could not register the dasktune recovery plugin on the scheduler (%r); lost "
             "workers are noticed at the next failed poll instead. Install dasktune where the "
             "scheduler runs.", exc)
         return False
+    try:
+        client.register_plugin(EvacuatePlugin(), name=WORKER_PLUGIN_NAME)
+    except Exception as exc:  # noqa: BLE001 - closing workers then lose their trials
+        logging.getLogger(__name__).warning(
+            "could not register the dasktune evacuate plugin on the workers (%r); a worker "
+            "that closes (e.g. on SIGTERM) loses its trials instead of moving them.", exc)
+    return True

@@ -30,11 +30,19 @@ class TuneError(Exception):
     """A trial failed (re-raised from ``fit()`` with ``fail_fast="raise"``)."""
 
 
+class MetricNotFoundError(ValueError, RuntimeError):
+    """``get_best_result`` was asked for a metric no trial reported.
+
+    Ray raises ``RuntimeError`` here; earlier dasktune raised ``ValueError``: both
+    ``except`` clauses catch it.
+    """
+
+
 @dataclass
 class Result:
     """The outcome of one trial."""
 
-    metrics: dict[str, Any] | None
+    metrics: dict[str, Any]  # {} for a trial that never reported (as in Ray)
     checkpoint: Checkpoint | None
     error: Exception | None
     path: str
@@ -66,6 +74,8 @@ class Result:
 _AUTO = {"time_this_iter_s", "time_total_s", "time_since_restore", "timestamp", "date", "done",
          "pid", "hostname", "node_ip", "worker", "config", "iterations_since_restore",
          "experiment_tag", "checkpoint_dir_name"}
+# Every key dasktune fills in itself: a result with nothing else carries no user metric.
+AUTO_RESULT_KEYS = frozenset(_AUTO | {"training_iteration", "trial_id", "experiment_id"})
 
 
 def _read_progress(fs: fsspec.AbstractFileSystem | None, path: str) -> pd.DataFrame | None:
@@ -100,7 +110,7 @@ def result_from_trial(trial: Trial, storage: ExperimentStorage | None,
     metrics = dict(trial.last_result) if trial.last_result else {}
     if metrics:
         metrics.setdefault("config", trial.config)
-    return Result(metrics=metrics or None, checkpoint=checkpoint, error=error,
+    return Result(metrics=metrics, checkpoint=checkpoint, error=error,
                   path=trial.path or "", filesystem=fs, best_checkpoints=best,
                   _config=trial.config)
 
@@ -178,7 +188,7 @@ class ResultGrid:
         if best_i is None:
             if not seen_metric:
                 reported = sorted({k for t in self._trials for k in t.last_result} - {"config"})
-                raise ValueError(
+                raise MetricNotFoundError(
                     f"get_best_result: no trial reported the metric {metric!r} "
                     f"(reported keys: {reported})"
                 )

@@ -33,30 +33,79 @@ _client: Any = None
 _cluster: Any = None
 
 
+# LocalCluster arguments that configure the scheduler rather than the workers.
+_SCHEDULER_ARGS = ("scheduler_port", "protocol", "interface", "blocked_handlers",
+                   "scheduler_kwargs", "dashboard_address", "service_kwargs", "services")
+
+
 def _local_cluster(num_cpus: int | None = None, **kwargs: Any) -> Any:
     """The embedded cluster: a scheduler in this process, one worker process per core.
+
+    Takes :class:`distributed.LocalCluster`'s keyword arguments (``n_workers``,
+    ``threads_per_worker``, ``processes``, ``host``/``ip``, ``scheduler_port``,
+    ``dashboard_address``, ``protocol``, ``interface``, ``silence_logs``,
+    ``memory_limit``, ``resources``, ``scheduler_kwargs``, ``worker_kwargs`` and, as
+    there, any other ``Worker`` argument).
 
     Workers are separate ``dask spec`` processes rather than multiprocessing
     children of this one, so a user's script is never re-imported by a worker and
     needs no ``if __name__ == "__main__":`` guard (Ray scripts usually have none).
     GPUs are split across workers, one device list per worker process, so trials
-    on different workers never share a device by accident.
+    on different workers never share a device by accident. ``processes=False``
+    runs the workers as threads of this process (like LocalCluster).
     """
+    import json
+
     from dask.utils import parse_bytes
-    from distributed import Scheduler, SpecCluster
+    from distributed import Scheduler, SpecCluster, Worker
     from distributed.deploy.subprocess import SubprocessWorker
 
     from dasktune.resources import detect_gpus
 
+    if kwargs.pop("asynchronous", False):
+        raise TypeError("dasktune.init(): asynchronous=True is not supported (init returns a "
+                        "synchronous Client)")
+    for unused in ("loop", "start", "worker_class"):
+        if kwargs.pop(unused, None) is not None:
+            logger.info("dasktune.init(): ignoring %s= (dasktune chooses the worker type)",
+                        unused)
     n = int(num_cpus or kwargs.pop("n_workers", None) or os.cpu_count() or 1)
-    threads = int(kwargs.pop("threads_per_worker", 1))
-    host = kwargs.pop("host", "127.0.0.1")
-    dashboard_address = kwargs.pop("dashboard_address", ":8787")
+    kwargs.pop("n_workers", None)
+    threads = int(kwargs.pop("threads_per_worker", None) or 1)
+    processes = kwargs.pop("processes", None)
+    processes = True if processes is None else bool(processes)
+    ip = kwargs.pop("ip", None)
+    interface = kwargs.get("interface")
+    host = kwargs.pop("host", None) or ip or (None if interface else "127.0.0.1")
+    silence_logs = kwargs.pop("silence_logs", logging.ERROR)
     extra_resources = kwargs.pop("resources", None) or {}
     memory_limit = kwargs.pop("memory_limit", None)
-    worker_kwargs = dict(kwargs.pop("worker_kwargs", None) or {})
-    if kwargs:
-        raise TypeError(f"dasktune.init(): unexpected arguments {sorted(kwargs)}")
+    name = kwargs.pop("name", None) or "dasktune-local"
+    sync_interval = kwargs.pop("scheduler_sync_interval", 1)
+    security = kwargs.pop("security", None)
+    scheduler_opts: dict[str, Any] = {"host": host, "dashboard_address": ":8787"}
+    scheduler_opts.update(kwargs.pop("scheduler_kwargs", None) or {})
+    for key in _SCHEDULER_ARGS:
+        if key in kwargs and key != "scheduler_kwargs":
+            value = kwargs.pop(key)
+            scheduler_opts["port" if key == "scheduler_port" else key] = value
+    if scheduler_opts.get("dashboard_address", ":8787") is None:
+        # LocalCluster's meaning of None: no dashboard. The scheduler still serves its
+        # HTTP routes; a random port keeps them off a busy 8787.
+        scheduler_opts.update(dashboard=False, dashboard_address=":0")
+    if security is not None:
+        scheduler_opts["security"] = security
+    protocol = scheduler_opts.get("protocol")
+    if processes and protocol and str(protocol).rstrip(":/") == "inproc":
+        raise ValueError("dasktune.init(protocol='inproc') needs processes=False")
+    worker_dashboard = kwargs.pop("worker_dashboard_address", None)
+    # As in LocalCluster, the remaining keyword arguments are the workers'.
+    worker_kwargs = {**(kwargs.pop("worker_kwargs", None) or {}), **kwargs}
+    if security is not None:
+        if processes:  # a Security object does not travel in a worker's JSON spec
+            raise TypeError("dasktune.init(security=...) without an address needs "
+                            "processes=False (or start a secured cluster and pass its address)")
+        worker_kwargs["security"] = security
     if memory_limit is None:
         import psutil
 
@@ -73,17 +122,31 @@ def _local_cluster(num_cpus: int | None = None, **kwargs: Any) -> Any:
             resources["GPU"] = float(len(mine))
             env["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
         resources.update(extra_resources)
-        opts = {"host": host, "nthreads": threads, "resources": resources,
-                "memory_limit": memory_limit, "silence_logs": logging.ERROR, **worker_kwargs}
+        opts: dict[str, Any] = {"host": host, "nthreads": threads, "resources": resources,
+                                "memory_limit": memory_limit}
+        for key in ("protocol", "interface"):
+            if scheduler_opts.get(key):
+                opts[key] = scheduler_opts[key]
+        if worker_dashboard is not None:
+            opts["dashboard_address"] = worker_dashboard
+        if not processes:
+            workers[f"worker-{i}"] = {"cls": Worker, "options": {**opts, **worker_kwargs}}
+            continue
+        opts.update({"silence_logs": silence_logs, **worker_kwargs})
         if env:
             opts["env"] = env
+        try:
+            json.dumps(opts)
+        except TypeError as exc:  # worker processes get their options as JSON
+            raise TypeError(f"dasktune.init(): worker options must be plain values with "
+                            f"processes=True: {exc}") from None
         workers[f"worker-{i}"] = {"cls": SubprocessWorker,
                                   "options": {"worker_class": "distributed.Nanny",
                                               "worker_kwargs": opts}}
-    scheduler = {"cls": Scheduler, "options": {"host": host,
-                                               "dashboard_address": dashboard_address}}
-    return SpecCluster(workers=workers, scheduler=scheduler, silence_logs=logging.ERROR,
-                       name="dasktune-local")
+    scheduler = {"cls": Scheduler, "options": scheduler_opts}
+    return SpecCluster(workers=workers, scheduler=scheduler, silence_logs=silence_logs,
+                       name=name, scheduler_sync_interval=sync_interval,
+                       security=security)
 
 
 def init(address: str | None = None, *, security: Any = None, num_cpus: int | None = None,
@@ -91,9 +154,11 @@ def init(address: str | None = None, *, security: Any = None, num_cpus: int | No
     """Connect to a Dask cluster, or start the embedded one now; returns the ``Client``.
 
     ``address`` is a scheduler address (``tcp://host:8786``, ``tls://...``), ``"auto"``
-    (the ``scheduler-address`` setting) or None (a new local cluster). Other keyword
-    arguments go to :class:`distributed.LocalCluster` (``num_cpus`` sets its size);
-    Ray-only ones such as ``configure_logging`` are ignored.
+    (the ``scheduler-address`` setting) or None. With None, as ``ray.init()`` honours
+    ``RAY_ADDRESS``, a configured ``scheduler-address`` (``DASK_SCHEDULER_ADDRESS``)
+    is connected to; otherwise a new local cluster starts. Other keyword arguments go
+    to :class:`distributed.LocalCluster` (``num_cpus`` sets its size); Ray-only ones
+    such as ``configure_logging`` are ignored.
     """
     global _client, _cluster
     from distributed import Client
@@ -113,19 +178,29 @@ def init(address: str | None = None, *, security: Any = None, num_cpus: int | No
         for key in list(kwargs):
             if key in _RAY_ONLY:
                 kwargs.pop(key)
+        configured = dask.config.get("scheduler-address", None)
         if address == "auto":
-            address = dask.config.get("scheduler-address", None)
+            address = configured
             if address is None:
                 raise ValueError("init(address='auto'): no scheduler-address / "
                                  "DASK_SCHEDULER_ADDRESS is set")
+        elif address is None and configured:
+            address = configured
+            if kwargs or num_cpus is not None:
+                # Ray too refuses cluster-shaping arguments when RAY_ADDRESS is set.
+                raise TypeError(
+                    f"dasktune.init(): scheduler-address / DASK_SCHEDULER_ADDRESS is set "
+                    f"({configured}), so the local-cluster arguments "
+                    f"{sorted([*kwargs, *(['num_cpus'] if num_cpus is not None else [])])} "
+                    "cannot apply; unset it to start a local cluster")
         if address is not None:
             if kwargs:
                 raise TypeError(f"init(address=...): unexpected arguments {sorted(kwargs)}")
             _client = Client(address, security=security, set_as_default=False)
         else:
-            _cluster = _local_cluster(num_cpus, security=security, **kwargs) if security \
-                else _local_cluster(num_cpus, **kwargs)
-            _client = Client(_cluster, set_as_default=False)
+            _cluster = _local_cluster(num_cpus, security=security, **kwargs)
+            _client = Client(_cluster, set_as_default=False,
+                             **({"security": security} if security is not None else {}))
         return _client
 
 

@@ -63,6 +63,9 @@ class TrialSpec:
     # Run the user's code in a child process (always for GPU trials); set from the
     # driver's dasktune.executor.isolate so the driver's setting is what counts.
     isolate: bool = False
+    # A class trainable's instance stays in the actor for the next trial, which gets it
+    # through reset_config (TuneConfig.reuse_actors).
+    reuse_instance: bool = False
 
 
 class TrialSession:
@@ -211,13 +214,16 @@ def _current(what: str) -> TrialSession | None:
 
 
 def report(metrics: dict[str, Any] | None = None, *, checkpoint: Checkpoint | None = None,
-           **kwargs: Any) -> None:
+           checkpoint_dir_name: str | None = None, **kwargs: Any) -> None:
     """Report metrics (and optionally a checkpoint) from inside a trial.
 
     With a checkpoint, returns only after it is committed to the experiment's storage,
     so the trial never runs more than one checkpoint interval ahead of what a
-    restart can resume from.
+    restart can resume from. ``checkpoint_dir_name`` is accepted for Ray
+    compatibility; checkpoints keep dasktune's ``checkpoint_NNNNNN`` names, which
+    retention and restore rely on.
     """
+    del checkpoint_dir_name
     session = _current("report")
     if session is None:
         raise RuntimeError("tune.report() was called outside of a dasktune trial")
@@ -252,8 +258,8 @@ class TrialContext:
         return self._spec().trial_name
 
     def get_trial_dir(self) -> str:
+        self._spec()  # raises RuntimeError outside a trial
         assert self._session is not None
-        self._spec()
         return self._session.local_trial_dir()
 
     def get_trial_resources(self) -> dict[str, Any]:

@@ -69,6 +69,7 @@ class _SimRun:
     stop: str | None = None  # None, _NOW or _CKPT
     seq: int = 0
     duration: float = 0.0  # of the iteration in flight
+    want_checkpoint: bool = False  # asked for by the driver (SHOULD_CHECKPOINT)
 
 
 @dataclass
@@ -279,6 +280,12 @@ class SimulatedExecutor:
             run.token = self._next_token()  # drop the iteration in flight
             self._push(self.now, _FINISH, trial_id, run.token)
 
+    def checkpoint(self, trial_id: str) -> None:
+        """Checkpoint after the iteration in flight (a Callback's ``SHOULD_CHECKPOINT``)."""
+        run = self._runs.get(trial_id)
+        if run is not None:
+            run.want_checkpoint = True
+
     def release(self, trial_id: str) -> None:
         """Forget an attempt and free its resources."""
         run = self._runs.pop(trial_id, None)
@@ -366,7 +373,8 @@ class SimulatedExecutor:
         run.time_total += duration
         run.time_since_restore += duration
         result = self._result(run, step[1], duration)
-        wants = bool(step[2]) if len(step) > 2 else False
+        wants = (bool(step[2]) if len(step) > 2 else False) or run.want_checkpoint
+        run.want_checkpoint = False
         freq = spec.checkpoint_frequency
         if freq and run.iteration % freq == 0:
             wants = True
@@ -445,9 +453,16 @@ class SimulatedExecutor:
         return result
 
 
-def _simulated_trainable(config: dict[str, Any]) -> None:
-    """Stands in for the user's trainable: the simulated executor never calls it."""
-    raise RuntimeError("a simulated trial does not run its trainable")
+def _simulated_trainable() -> type:
+    """Stands in for the user's trainable (the simulated executor never runs it): a
+    class, since a simulated trial checkpoints whenever asked, as a class trainable does."""
+    from dasktune.trainable import Trainable
+
+    class SimulatedTrainable(Trainable):
+        def setup(self, config: dict[str, Any]) -> None:
+            raise RuntimeError("a simulated trial does not run its trainable")
+
+    return SimulatedTrainable
 
 
 def run_simulated(trainable_name: str, param_space: Mapping[str, Any],
@@ -514,7 +529,7 @@ def run_simulated(trainable_name: str, param_space: Mapping[str, Any],
     reporter = tuner_build.make_reporter(rc, tc) if rc.verbose or rc.progress_reporter \
         else None
     controller = TuneController(
-        trainable=_simulated_trainable,
+        trainable=_simulated_trainable(),
         trainable_name=trainable_name,
         storage=storage,
         search_alg=search_alg,

@@ -323,11 +323,10 @@ class Categorical(Domain):
     """One of a list of categories, drawn uniformly."""
 
     def __init__(self, categories: Sequence[Any]) -> None:
-        if isinstance(categories, (str, bytes)) or not isinstance(categories, Sequence):
-            raise TypeError(f"choice needs a list of categories, got {categories!r}")
-        if len(categories) == 0:
+        values = _as_list(categories, "choice", "categories")
+        if len(values) == 0:
             raise ValueError("choice needs at least one category, got an empty list")
-        self.categories = list(categories)
+        self.categories = values
 
     def uniform(self) -> Categorical:
         """Ray's spelling; categories are always drawn uniformly."""
@@ -452,11 +451,32 @@ def choice(categories: Sequence[Any]) -> Categorical:
 
 def grid_search(values: Sequence[Any]) -> dict[str, list[Any]]:
     """Every value in turn: returns ``{"grid_search": [...]}`` like Ray."""
-    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Sequence):
-        raise TypeError(f"grid_search needs a list of values, got {values!r}")
-    if len(values) == 0:
+    items = _as_list(values, "grid_search", "values")
+    if len(items) == 0:
         raise ValueError("grid_search needs at least one value, got an empty list")
-    return {"grid_search": list(values)}
+    return {"grid_search": items}
+
+
+def _as_list(values: Any, where: str, what: str) -> list[Any]:
+    """Any finite ordered collection (list, tuple, range, numpy array) as a list.
+
+    Numpy scalars become Python ones (``.tolist()``), so configs stay JSON-able.
+    A str, bytes, mapping or set is refused: its items are not what the user meant
+    (or have no order, which would break seeded reproducibility).
+    """
+    if isinstance(values, (str, bytes, Mapping, set, frozenset)):
+        raise TypeError(f"{where} needs a list of {what}, got {values!r}")
+    tolist = getattr(values, "tolist", None)
+    if callable(tolist) and getattr(values, "ndim", 1) >= 1:  # numpy / pandas
+        out = tolist()
+        if isinstance(out, list):
+            return out
+    if not isinstance(values, Sequence):
+        try:
+            return list(values)  # other ordered iterables, e.g. dict views or generators
+        except TypeError:
+            raise TypeError(f"{where} needs a list of {what}, got {values!r}") from None
+    return list(values)
 
 
 def sample_from(func: Callable[..., Any]) -> Function:

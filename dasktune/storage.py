@@ -74,7 +74,7 @@ def retry(fn: Callable[[], T], what: str, retries: int | None = None,
                 raise StorageError(
                     f"storage unreachable for {what} after {retries + 1} tries: "
                     f"{type(exc).__name__}: {redact(str(exc))}"
-                ) from exc
+                ) from None  # the raw error may carry credentials into error.txt
             logger.warning("transient storage error on %s (%s); retrying in %.1fs",
                            what, type(exc).__name__, delay)
             time.sleep(delay)
@@ -83,30 +83,36 @@ def retry(fn: Callable[[], T], what: str, retries: int | None = None,
 
 
 _SECRET_RE = re.compile(r"(?i)(key|secret|token|password|credential|signature)[^=&]*=[^&\s]+")
+_BEARER_RE = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+")
 
 
 def redact(text: str) -> str:
-    """Strip credentials from a URI or message (``user:pass@`` and ``key=...``)."""
+    """Strip credentials from a URI or message (``user:pass@``, ``key=...``, ``Bearer ...``)."""
     text = re.sub(r"//[^/@\s]+@", "//", text)
+    text = _BEARER_RE.sub(lambda m: m.group(1) + " ***", text)
     return _SECRET_RE.sub(lambda m: m.group(0).split("=")[0] + "=***", text)
 
 
-_SECRET_KEYS = re.compile(r"(?i)(secret|password|passwd|token|credential|private_key|"
-                          r"access_key|session|^key$|^auth$|^sas)")
+_SECRET_KEYS = re.compile(r"(?i)(secret|passw|token|credential|private_key|access_key|"
+                          r"account_key|api_?key|connection_string|session|signature|"
+                          r"authorization|cookie|^key$|^auth|^sas)")
 
 
 def scrub_options(options: Any) -> Any:
     """A copy of ``storage_options`` without anything that looks like a credential.
 
-    For what is persisted (``tuner.pkl``): endpoints, regions and timeouts stay;
-    keys, secrets, tokens, passwords and sessions are dropped, so a restore takes
-    credentials from the usual places again.
+    For what is persisted (``tuner.pkl``, the experiment state): endpoints, regions
+    and timeouts stay; keys, secrets, tokens, passwords, sessions, connection strings
+    and ``Authorization`` headers are dropped, and strings lose ``user:pass@`` and
+    ``Bearer`` tokens, so a restore takes credentials from the usual places again.
     """
     if isinstance(options, dict):
         return {k: scrub_options(v) for k, v in options.items()
                 if not (isinstance(k, str) and _SECRET_KEYS.search(k))}
     if isinstance(options, (list, tuple)):
         return type(options)(scrub_options(v) for v in options)
+    if isinstance(options, str):
+        return redact(options)
     return options
 
 
@@ -402,16 +408,20 @@ class AppendFile:
     cannot append: the file is spooled in a local temporary file and the whole
     object re-uploaded at most every ``dasktune.storage.sync-period`` and on close,
     so result files stay readable remotely while the run goes on. While the store is
-    unreachable past the retry budget, periodic uploads are skipped (the spool keeps
-    every line) and the next one sends everything: results are never dropped.
+    unreachable past the retry budget, uploads are tried again once per sync period
+    (the spool keeps every line) and the next one sends everything: results are never
+    dropped. A :meth:`close` that cannot upload keeps the file open for a later try.
     """
 
     def __init__(self, storage: ExperimentStorage, path: str):
         self.storage = storage
         self.path = path
         self._period = _dask_config.get_seconds("storage.sync-period")
-        self._last_sync = 0.0
+        self._last_try = float("-inf")
         self._dirty = False
+        self._base_pending = False
+        self._has_dir = False
+        self.closed = False
         if storage.is_local:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             self._fh: io.BufferedWriter | Any = open(path, "ab")
@@ -422,7 +432,17 @@ class AppendFile:
                 self._spool.write(storage.read_bytes(path))
             except FileNotFoundError:
                 pass
+            except StorageError as exc:
+                # Unknown yet whether the file exists: read it before the first upload,
+                # or an upload would replace what a restored trial logged before.
+                logger.warning("%s; reading it again before the first upload", exc)
+                self._base_pending = True
             self._fh = self._spool
+
+    @property
+    def dirty(self) -> bool:
+        """Whether lines were written that storage does not have yet."""
+        return self._dirty
 
     def write(self, data: bytes) -> None:
         self._fh.write(data)
@@ -431,7 +451,38 @@ class AppendFile:
     def tell(self) -> int:
         return self._fh.tell()
 
+    def _merge_base(self) -> None:
+        """Put the stored file's content before the lines spooled since (see __init__)."""
+        assert self._spool is not None
+        try:
+            base = self.storage.read_bytes(self.path)
+        except FileNotFoundError:
+            base = b""
+        if base:
+            merged = tempfile.NamedTemporaryFile(prefix="dasktune-", delete=False)
+            merged.write(base)
+            self._spool.flush()
+            with open(self._spool.name, "rb") as f:
+                shutil.copyfileobj(f, merged)
+            self._spool.close()
+            os.unlink(self._spool.name)
+            self._spool = self._fh = merged
+        self._base_pending = False
+
+    def _upload(self, spool_name: str) -> None:
+        fs = self.storage.fs
+        if not self._has_dir:  # filesystems with real folders need it for put_file
+            fs.makedirs(posixpath.dirname(self.path), exist_ok=True)
+            self._has_dir = True
+        fs.put_file(spool_name, self.path)
+
     def flush(self, force: bool = False) -> None:
+        """Make the written lines durable; on object stores, upload the file if a sync
+        period has passed since the last try (``force``: now).
+
+        Raises :class:`StorageError` only with ``force``: otherwise an unreachable
+        store is logged and the upload tried again next period.
+        """
         if not self._dirty:
             return
         self._fh.flush()
@@ -439,33 +490,44 @@ class AppendFile:
             self._dirty = False
             return
         now = time.monotonic()
-        if force or now - self._last_sync >= self._period:
+        if not force and now - self._last_try < self._period:
+            return
+        self._last_try = now  # also on failure: one retry budget per period, not per call
+        try:
+            if self._base_pending:
+                self._merge_base()
             spool_name = self._spool.name
-            try:
-                retry(lambda: self.storage.fs.put_file(spool_name, self.path),
-                      self.storage.uri_of(self.path))
-            except StorageError as exc:
-                if force:
-                    raise
-                logger.warning("%s; the results stay spooled and are uploaded later", exc)
-                return
-            self._last_sync = now
-            self._dirty = False
+            retry(lambda: self._upload(spool_name), self.storage.uri_of(self.path))
+        except StorageError as exc:
+            if force:
+                raise
+            logger.warning("%s; the results stay spooled and are uploaded later", exc)
+            return
+        self._dirty = False
 
-    def close(self) -> None:
-        """Upload what is left and release the file; a spool that cannot be uploaded is
-        kept on disk (and named in the log) rather than deleted."""
-        keep = False
+    def close(self, final: bool = False) -> None:
+        """Upload what is left and release the file.
+
+        If storage is unreachable, raises :class:`StorageError` and keeps the file open,
+        so a later ``close`` can upload it; with ``final`` the file is released anyway
+        and a spool that could not be uploaded is kept on disk (and named in the log).
+        """
+        if self.closed:
+            return
         try:
             self.flush(force=True)
         except StorageError as exc:
-            keep = self._spool is not None
-            logger.error("%s; results kept in %s", exc, getattr(self._spool, "name", "?"))
-            raise
-        finally:
+            if not final:
+                raise
             self._fh.close()
-            if self._spool is not None and not keep:
-                os.unlink(self._spool.name)
+            self.closed = True
+            logger.error("%s; the results of %s are kept in %s", exc,
+                         self.storage.uri_of(self.path), getattr(self._spool, "name", "?"))
+            raise
+        self._fh.close()
+        self.closed = True
+        if self._spool is not None:
+            os.unlink(self._spool.name)
 
 
 def _json_default(obj: Any) -> Any:

@@ -8,9 +8,12 @@ A trainable is either a function ``f(config)`` that calls ``tune.report`` or a
 from __future__ import annotations
 
 import copy
+import datetime
+import functools
 import inspect
 import os
 import pickle
+import socket
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -105,18 +108,43 @@ class Trainable:
 
     # ------------------------------------------------------------ framework
     def train(self) -> dict[str, Any]:
-        """Run one ``step`` and fill Ray's auto fields (called by the trial actor)."""
+        """Run one ``step`` and fill Ray's auto fields into its result.
+
+        Standalone (``T(config).train()``) this is the whole result. Inside a trial the
+        session then overwrites the same fields with its own values (kept in step with
+        these: it starts at the same restored iteration), so nothing is counted twice.
+        """
         start = time.monotonic()
         result = self.step()
         if not isinstance(result, dict):
             raise TypeError(
                 f"{type(self).__name__}.step() must return a dict, got {type(result).__name__}"
             )
-        elapsed = time.monotonic() - start
+        result = dict(result)
+        # Ray: a step that times itself (time_this_iter_s in its result) is believed.
+        elapsed = result.get("time_this_iter_s")
+        if elapsed is None:
+            elapsed = time.monotonic() - start
         self._iteration += 1
         self._iterations_since_restore += 1
         self._time_total += elapsed
         self._time_since_restore += elapsed
+        wall = time.time()
+        result.setdefault("done", False)
+        result.update(
+            training_iteration=self._iteration,
+            iterations_since_restore=self._iterations_since_restore,
+            time_this_iter_s=elapsed,
+            time_total_s=self._time_total,
+            time_since_restore=self._time_since_restore,
+            timestamp=int(wall),
+            date=datetime.datetime.fromtimestamp(wall).strftime("%Y-%m-%d_%H-%M-%S"),
+            trial_id=self._trial_id,
+            pid=os.getpid(),
+            hostname=_hostname(),
+            node_ip=_node_ip(),
+            config=self.config,
+        )
         return result
 
     def save(self, checkpoint_dir: str | None = None) -> str:
@@ -146,8 +174,39 @@ class Trainable:
         self._iterations_since_restore = 0
         self._time_since_restore = 0.0
 
+    def reset(self, new_config: dict[str, Any], trial_info: dict[str, Any] | None = None) -> bool:
+        """Take a new trial in this instance (``TuneConfig(reuse_actors=True)``): the
+        counters restart and :meth:`reset_config` adopts ``new_config``; False when it
+        cannot (the caller then builds a fresh instance)."""
+        info = trial_info or {}
+        self.config = new_config
+        self._trial_id = info.get("trial_id", self._trial_id)
+        self._trial_name = info.get("trial_name", self._trial_name)
+        self._logdir = info.get("logdir") or self._logdir
+        self._trial_resources = info.get("resources", self._trial_resources)
+        self._iteration = int(info.get("iteration", 0))
+        self._time_total = float(info.get("time_total_s", 0.0))
+        self._iterations_since_restore = 0
+        self._time_since_restore = 0.0
+        self._restored = False
+        return bool(self.reset_config(copy.deepcopy(new_config)))
+
     def stop(self) -> None:
         self.cleanup()
+
+
+@functools.cache
+def _hostname() -> str:
+    return socket.gethostname()
+
+
+@functools.cache
+def _node_ip() -> str:
+    """This host's IP, looked up once per process (train() runs per step)."""
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
 
 
 # ------------------------------------------------------------------ wrappers

@@ -79,18 +79,30 @@ class Trial:
     # Highest training_iteration already logged: re-executed iterations after a
     # restart are not logged twice.
     logged_iteration: int = 0
+    # Ray's ``trial.trainable_name`` (read by users' trial_name_creator functions).
+    trainable_name: str = ""
+    # From TuneConfig(trial_name_creator=/trial_dirname_creator=), when given.
+    custom_trial_name: str | None = None
+    custom_dirname: str | None = None
 
     # ------------------------------------------------------------------ naming
     @property
     def trial_name(self) -> str:
+        if self.custom_trial_name:
+            return self.custom_trial_name
         tag = f"_{self.experiment_tag}" if self.experiment_tag else ""
         return f"trial_{self.trial_id}{tag}"
 
     @property
     def dirname(self) -> str:
         """Folder of the trial under the experiment (Ray: ``<trainable>_<id>_<tag>``)."""
+        if self.custom_dirname:
+            return self.custom_dirname
         name = f"{self.trial_id}_{self.experiment_tag}" if self.experiment_tag else self.trial_id
         return _safe(name)[:120]
+
+    def __str__(self) -> str:
+        return self.trial_name  # Ray: str(trial) is its name
 
     # --------------------------------------------------------------- status
     def set_status(self, status: str) -> None:
@@ -111,13 +123,15 @@ class Trial:
 
     # --------------------------------------------------------------- results
     def update_last_result(self, result: dict[str, Any]) -> None:
-        """Record a result and keep min/max/avg/last(-5/-10) per numeric metric."""
+        """Record a result and keep min/max/avg/last(-5/-10) per numeric metric.
+
+        A NaN is recorded as ``last`` (and enters the averages, as in Ray), so a trial
+        whose metric turned NaN cannot win with an older value; ``min``/``max`` skip
+        NaN so they stay each trial's best finite-or-inf value seen.
+        """
         self.last_result = result
-        step = result.get("training_iteration", 0)
         for key, value in result.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                continue
-            if isinstance(value, float) and math.isnan(value):
                 continue
             stats = self.metric_analysis.get(key)
             if stats is None:
@@ -133,8 +147,9 @@ class Trial:
                 self.metric_n_steps[key] = {"5": [value], "10": [value]}
                 continue
             n = stats["count"] + 1
-            stats["max"] = max(stats["max"], value)
-            stats["min"] = min(stats["min"], value)
+            if not math.isnan(value):
+                stats["max"] = value if math.isnan(stats["max"]) else max(stats["max"], value)
+                stats["min"] = value if math.isnan(stats["min"]) else min(stats["min"], value)
             stats["avg"] = stats["avg"] + (value - stats["avg"]) / n
             stats["last"] = value
             stats["count"] = n
@@ -144,7 +159,6 @@ class Trial:
                 if len(buf) > int(window):
                     del buf[0]
                 stats[f"last-{window}-avg"] = sum(buf) / len(buf)
-        del step
 
     # --------------------------------------------------------------- state
     def to_state(self) -> dict[str, Any]:

@@ -125,6 +125,7 @@ class Tuner:
             save_state=state_writer,
             can_scale=tuner_build.cluster_can_scale(cluster, client),
             reporter=tuner_build.make_reporter(rc, tc),
+            tune_config=tc,
         )
         state_writer.write_static()
         try:
@@ -149,15 +150,23 @@ class Tuner:
     def restore(cls, path: str, trainable: Any, resume_unfinished: bool = True,
                 resume_errored: bool = False, restart_errored: bool = False,
                 param_space: Mapping[str, Any] | None = None,
-                storage_filesystem: Any = None, _resume_config: Any = None) -> Tuner:
+                storage_filesystem: Any = None,
+                storage_options: dict[str, Any] | None = None,
+                _resume_config: Any = None) -> Tuner:
         """Continue an experiment from its folder or URI (Ray's ``Tuner.restore``).
 
         Finished trials are not run again; unfinished ones continue from their newest
         committed checkpoint; errored ones stay errored unless ``resume_errored``
         (continue from the checkpoint) or ``restart_errored`` (start from scratch).
         The searcher's state continues; ``num_samples`` counts trials already made.
+        Both ``resume_errored`` and ``restart_errored``: errored trials resume (as Ray).
+
+        ``storage_filesystem`` or ``storage_options`` (e.g. ``{"client_kwargs":
+        {"endpoint_url": ...}}``) reach the storage at ``path``; when neither is given,
+        the ``storage_options`` saved with the experiment (without credentials) are used.
         """
         restored = experiment.load(path, storage_filesystem=storage_filesystem,
+                                   storage_options=storage_options,
                                    resume_unfinished=resume_unfinished,
                                    resume_errored=resume_errored,
                                    restart_errored=restart_errored)
@@ -166,9 +175,10 @@ class Tuner:
                    run_config=restored.run_config, _restored=restored)
 
     @classmethod
-    def can_restore(cls, path: str, storage_filesystem: Any = None) -> bool:
+    def can_restore(cls, path: str, storage_filesystem: Any = None,
+                    storage_options: dict[str, Any] | None = None) -> bool:
         """Whether ``path`` holds an experiment that :meth:`restore` can continue."""
-        return experiment.can_restore(path, storage_filesystem)
+        return experiment.can_restore(path, storage_filesystem, storage_options)
 
     # ------------------------------------------------------------------ helpers
     def _default_name(self) -> str:

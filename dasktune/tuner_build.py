@@ -19,7 +19,7 @@ from dasktune.trainable import unwrap
 
 if TYPE_CHECKING:
     from dasktune.callback import Callback
-    from dasktune.config import RunConfig, TuneConfig
+    from dasktune.config import CheckpointConfig, RunConfig, TuneConfig
     from dasktune.schedulers import TrialScheduler
     from dasktune.search import SearchAlgorithm
     from dasktune.storage import ExperimentStorage
@@ -64,6 +64,51 @@ def make_search_alg(tc: TuneConfig, param_space: dict[str, Any], uid: str) -> Se
             "one place"
         )
     return alg
+
+
+def check_checkpoint_config(trainable: Any, checkpoint_config: CheckpointConfig | None) -> None:
+    """Ray refuses frequency/at-end checkpointing for a function trainable: only a
+    ``Trainable`` class can be asked to save; a function reports its own checkpoints."""
+    from dasktune.trainable import is_class_trainable
+
+    core, _, _ = unwrap(trainable)
+    cc = checkpoint_config
+    # Not callable: a stand-in such as the simulator's trainable name.
+    if cc is None or is_class_trainable(core) or not callable(core):
+        return
+    for option, value in (("checkpoint_frequency", cc.checkpoint_frequency),
+                          ("checkpoint_at_end", cc.checkpoint_at_end)):
+        if value:
+            raise ValueError(
+                f"CheckpointConfig({option}={value!r}) is only supported for class trainables "
+                f"(dasktune.Trainable); the function trainable "
+                f"{getattr(core, '__name__', core)!r} must save its own checkpoints with "
+                "tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(...))"
+            )
+
+
+def _created_name(creator: Any, trial: Any, option: str, folder: bool) -> str:
+    name = creator(trial)
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"TuneConfig({option}=...) must return a non-empty str, got {name!r}")
+    if folder and ("/" in name or "\\" in name or name in (".", "..")):
+        raise ValueError(
+            f"TuneConfig({option}=...) returned {name!r}: a folder name, without path separators"
+        )
+    return name
+
+
+def apply_name_creators(trial: Any, tc: TuneConfig | None) -> None:
+    """Set a new trial's name and folder name from ``trial_name_creator`` /
+    ``trial_dirname_creator`` (each called with the trial, as in Ray)."""
+    if tc is None:
+        return
+    if tc.trial_name_creator is not None:
+        trial.custom_trial_name = _created_name(tc.trial_name_creator, trial,
+                                                "trial_name_creator", folder=False)
+    if tc.trial_dirname_creator is not None:
+        trial.custom_dirname = _created_name(tc.trial_dirname_creator, trial,
+                                             "trial_dirname_creator", folder=True)
 
 
 def make_scheduler(tc: TuneConfig) -> TrialScheduler:

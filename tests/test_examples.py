@@ -153,11 +153,6 @@ HYPERBAND_PAUSE_BUG = (
     "dasktune bug: session.TrialSession.report calls self._should_stop() without "
     "had_checkpoint, so a function trainable never honours stop(checkpoint=True): "
     "HyperBand/PBT PAUSE never pauses it and it runs on to its stop criterion")
-NSGA2_DEEPCOPY_BUG = (
-    "dasktune bug: tuner_build.make_search_alg deep-copies the searcher, and optuna's "
-    "GA samplers (NSGAIISampler/NSGAIIISampler) hold a threading.Lock: TypeError: cannot "
-    "pickle '_thread.lock' object (OptunaSearch.get_state's cloudpickle fails the same way)")
-
 PBT_RETENTION_BUG = (
     "dasktune bug (timing-dependent, so not strict): an Exploit keeps the donor's checkpoint "
     "path; while the cloned trial waits for a worker the donor commits more checkpoints and "
@@ -174,8 +169,7 @@ EXAMPLES: list = [
     pytest.param("optuna_define_by_run_example", check_define_by_run,
                  id="optuna_define_by_run_example"),
     pytest.param("optuna_multiobjective_example", check_multiobjective,
-                 id="optuna_multiobjective_example",
-                 marks=pytest.mark.xfail(strict=False, reason=NSGA2_DEEPCOPY_BUG)),
+                 id="optuna_multiobjective_example"),
     pytest.param("pbt_example", check_pbt_class, id="pbt_example"),
     pytest.param("pbt_function", check_pbt_function, id="pbt_function"),
     pytest.param("custom_logger_callback", check_custom_logger, id="custom_logger_callback"),

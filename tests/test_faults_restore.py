@@ -128,10 +128,13 @@ def _its(results) -> list[int]:
     ("default", [2, 1, 2, 1], 2),
     ("resume_errored", [2, 3, 2, 3], 0),  # continue from the checkpoint at it=1
     ("restart_errored", [2, 2, 2, 2], 0),  # from scratch
+    ("both", [2, 3, 2, 3], 0),  # both flags: resume wins, as in Ray
 ])
 def test_restore_matrix(client, tmp_path, mode, expected, errors):
     path = _first_run(tmp_path, f"matrix-{mode}")
-    kwargs = {} if mode == "default" else {mode: True}
+    kwargs = ({} if mode == "default" else
+              {"resume_errored": True, "restart_errored": True} if mode == "both" else
+              {mode: True})
     tuner = tune.Tuner.restore(path, sometimes_failing, **kwargs)
     results = tuner.fit()
     assert len(results) == 4 and len(results.errors) == errors

@@ -155,10 +155,14 @@ def cluster(dask_processes, monkeypatch) -> Iterator[Any]:
     monkeypatch.setattr(DaskProcesses, "wait_workers",
                         lambda self, n, timeout=60.0: wait(self, n, timeout) if n else None)
 
-    def make(n: int, resources: str = "CPU=1", env: dict[str, str] | None = None
-             ) -> DaskProcesses:
+    def make(n: int, resources: str = "CPU=1", env: dict[str, str] | None = None,
+             nanny: bool = False) -> DaskProcesses:
         procs = dask_processes(n_workers=0, env=env)
-        no_nanny_workers(procs, n, resources)
+        if nanny:  # `dask worker` as deployed: the PID we signal is the nanny's
+            for _ in range(n):
+                procs.add_worker(resources=resources)
+        else:
+            no_nanny_workers(procs, n, resources)
         procs.wait_workers(n)
         # Swapped in for this test only: an embedded cluster that another test module
         # started (the session's local_client) stays as it was.
@@ -422,21 +426,27 @@ def test_sigstop_past_worker_ttl_then_sigcont(cluster, tmp_path):
 
 # ------------------------------------------------------- 4. graceful retirement
 def _retire_mid_trial(cluster, tmp_path, how: str) -> tuple[Any, Any, str]:
-    """Run one class trial; retire its worker at iteration 5 (``how``); wait for the end."""
-    procs = cluster(2)
+    """Run one class trial; retire its worker at iteration 5 (``how``); wait for the end.
+
+    Returns the results, the ``dask worker`` process retired, and the trial folder."""
+    procs = cluster(2, nanny=how == "sigterm")
     exp = tmp_path / "results" / "retire"
     tuner = tune.Tuner(
-        Counter, param_space={"iters": 15, "sleep": 0.1},
+        Counter, param_space={"iters": 15, "sleep": 0.3},  # slow enough to retire mid-run
         run_config=tune.RunConfig(name="retire", storage_path=str(tmp_path / "results"),
                                   verbose=0))
     thread, out = run_in_thread(tuner.fit)
     d = wait_for(lambda: (trial_dirs(str(exp)) or [None])[0], what="the trial folder")
     wait_for(lambda: executed_by(d, 1) >= 5, what="iteration 5 of attempt 1")
     first = live_attempt(d)
-    proc = next(p for p in procs.workers if p.pid == first["pid"])
-    if how == "sigterm":  # what a spot interruption notice sends
+    if how == "sigterm":  # what a spot interruption notice sends, to the `dask worker` CLI
+        import psutil
+
+        nanny_pid = psutil.Process(first["pid"]).ppid()
+        proc = next(p for p in procs.workers if p.pid == nanny_pid)
         os.kill(proc.pid, signal.SIGTERM)
     else:
+        proc = next(p for p in procs.workers if p.pid == first["pid"])
         from distributed import Client
 
         with Client(procs.address, set_as_default=False) as other:
@@ -445,9 +455,7 @@ def _retire_mid_trial(cluster, tmp_path, how: str) -> tuple[Any, Any, str]:
     return join(thread, out), proc, d
 
 
-@pytest.mark.parametrize("how", ["retire_workers", pytest.param("sigterm", marks=pytest.mark.xfail(
-    strict=True, reason="`dask worker` closes on SIGTERM (Worker.close, not close_gracefully): "
-    "no 'retiring' event, so the trial is LOST and restarts from its last checkpoint"))])
+@pytest.mark.parametrize("how", ["retire_workers", "sigterm"])
 def test_graceful_retirement_loses_nothing(cluster, tmp_path, how):
     results, proc, d = _retire_mid_trial(cluster, tmp_path, how)
     (trial,) = results._trials
@@ -456,7 +464,8 @@ def test_graceful_retirement_loses_nothing(cluster, tmp_path, how):
     assert_one_lineage(d, 15)
     attempts = read_jsonl(os.path.join(d, "attempts.jsonl"))
     executed = read_jsonl(os.path.join(d, "executed.jsonl"))
-    assert len(attempts) == 2 and attempts[1]["pid"] != proc.pid
+    assert len(attempts) == 2 and attempts[1]["pid"] != attempts[0]["pid"]
+    assert trial.num_restarts == 0  # a move, not a loss
     reached = max(r["it"] for r in executed if r["attempt"] == attempts[0]["attempt"])
     assert attempts[1]["start"] == reached + 1  # zero iterations lost
     assert len(executed) == 15  # and none executed twice
@@ -465,3 +474,37 @@ def test_graceful_retirement_loses_nothing(cluster, tmp_path, how):
 def test_retired_worker_leaves_once_its_trials_moved(cluster, tmp_path):
     _results, proc, _d = _retire_mid_trial(cluster, tmp_path, "retire_workers")
     wait_for(lambda: proc.poll() is not None, timeout=15, what="the retired worker leaving")
+
+
+def test_retired_worker_with_only_an_idle_actor_leaves(cluster, tmp_path):
+    """A finished trial's actor kept for reuse must not keep a retiring worker alive."""
+    procs = cluster(2)
+    exp = tmp_path / "results" / "idle"
+    tuner = tune.Tuner(
+        Counter, param_space={"iters": tune.grid_search([2, 60]), "sleep": 0.2},
+        run_config=tune.RunConfig(name="idle", storage_path=str(tmp_path / "results"),
+                                  verbose=0))
+    thread, out = run_in_thread(tuner.fit)
+    dirs = wait_for(lambda: len(glob.glob(str(exp / "*" / "params.json"))) == 2
+                    and trial_dirs(str(exp)), what="both trials' params.json")
+
+    def iters(d: str) -> int:
+        with open(os.path.join(d, "params.json")) as f:
+            return json.load(f)["iters"]
+
+    short, long_ = sorted(dirs, key=iters)
+    wait_for(lambda: result_rows(short) and result_rows(short)[-1].get("done"),
+             what="the short trial ending")
+    wait_for(lambda: executed_by(long_, 1) >= 1, what="the long trial running")
+    pid = live_attempt(short)["pid"]
+    assert pid != live_attempt(long_)["pid"]  # on the other worker, now idle
+    proc = next(p for p in procs.workers if p.pid == pid)
+    from distributed import Client
+
+    with Client(procs.address, set_as_default=False) as other:
+        addr = next(a for a, p in other.run(os.getpid).items() if p == pid)
+        other.retire_workers([addr], close_workers=True)  # refused: the pooled actor
+    wait_for(lambda: proc.poll() is not None, timeout=15, what="the retired worker leaving")
+    assert executed_by(long_, 1) < 60  # it left while the experiment still ran
+    results = join(thread, out)
+    assert all(t.status == TERMINATED for t in results._trials)

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import pickle
 
+import cloudpickle
 import optuna
 import pytest
 from optuna.trial import TrialState
 
+import dasktune as tune
 from dasktune import space as sp
 from dasktune.search import ConcurrencyLimiter, Repeater, SearchGenerator
 from dasktune.search.optuna import OptunaSearch
 from dasktune.search.testing import check_searcher
+from dasktune.trial import ERROR, TERMINATED, Trial
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -279,6 +283,72 @@ def test_state_restore_with_sqlite_and_save_to_dir(tmp_path):
     again.suggest("t2")
     assert [t.number for t in again.study.trials] == [0, 1, 2]
     assert again.study.trials[1].value == 0.5
+
+
+SAMPLERS_TO_PICKLE = {
+    "tpe": (lambda: optuna.samplers.TPESampler(seed=0), "loss", "min"),
+    # GA samplers hold a threading.Lock, which plain pickling refuses
+    "nsga2": (lambda: optuna.samplers.NSGAIISampler(seed=0, population_size=4),
+              ["loss", "y"], ["min", "max"]),
+}
+
+
+@pytest.mark.parametrize("name", list(SAMPLERS_TO_PICKLE))
+def test_get_state_set_state_continues_the_study(name):
+    make_sampler, metric, mode = SAMPLERS_TO_PICKLE[name]
+
+    def make() -> OptunaSearch:
+        return OptunaSearch(SPACE, metric=metric, mode=mode, sampler=make_sampler())
+
+    def result(config: dict) -> dict:
+        return {"loss": loss(config), "y": config["y"], "training_iteration": 1}
+
+    first = make()
+    for i in range(5):
+        first.on_trial_complete(f"t{i}", result(first.suggest(f"t{i}")))
+    in_flight = first.suggest("t5")
+    blob = pickle.dumps(first.get_state())  # what Searcher.save writes
+
+    second = make()  # as in a new process
+    second.set_state(pickle.loads(blob))
+    second.on_trial_complete("t5", result(in_flight))  # in flight at save time
+    for i in range(6, 10):
+        second.on_trial_complete(f"t{i}", result(second.suggest(f"t{i}")))
+    trials = second.study.trials
+    assert [t.number for t in trials] == list(range(10))
+    assert all(t.state == TrialState.COMPLETE for t in trials)
+    assert trials[5].params == {"x": in_flight["x"], "y": in_flight["y"]}
+    assert len(first.study.trials) == 6  # the original study is untouched
+
+
+@pytest.mark.parametrize("name", list(SAMPLERS_TO_PICKLE))
+def test_searcher_pickles_and_deepcopies_with_any_sampler(name):
+    make_sampler, metric, mode = SAMPLERS_TO_PICKLE[name]
+    searcher = OptunaSearch(SPACE, metric=metric, mode=mode, sampler=make_sampler())
+    searcher.on_trial_complete("t0", {"loss": 1.0, "y": 0.0} | searcher.suggest("t0"))
+    searcher.suggest("t1")
+    # the driver cloudpickles the TuneConfig (search_alg included) before the first trial
+    config = tune.TuneConfig(search_alg=ConcurrencyLimiter(searcher, 2), num_samples=4)
+    copied = cloudpickle.loads(cloudpickle.dumps(config)).search_alg.searcher
+    for twin in (copied, copy.deepcopy(searcher), pickle.loads(pickle.dumps(searcher))):
+        assert twin.study is not searcher.study and twin.study.sampler is not searcher._sampler
+        twin.on_trial_complete("t1", {"loss": 0.5, "y": 1.0})  # in-flight trial still known
+        twin.suggest("t2")
+        assert [t.state for t in twin.study.trials] == [
+            TrialState.COMPLETE, TrialState.COMPLETE, TrialState.RUNNING]
+    assert len(searcher.study.trials) == 2
+
+
+def test_add_evaluated_trials_from_an_earlier_experiment():
+    earlier = [
+        Trial("a", {"x": 1.0, "y": -2.0}, status=TERMINATED, last_result={"loss": 0.0}),
+        Trial("b", {"x": 0.0, "y": 0.0}, status=ERROR),
+    ]
+    searcher = OptunaSearch(SPACE, metric="loss", mode="min", seed=0)
+    searcher.add_evaluated_trials(earlier, "loss")
+    done = searcher.study.trials
+    assert [t.state for t in done] == [TrialState.COMPLETE, TrialState.FAIL]
+    assert done[0].params == {"x": 1.0, "y": -2.0} and searcher.study.best_value == 0.0
 
 
 def test_concurrency_limiter_around_optuna():

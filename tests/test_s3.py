@@ -247,6 +247,7 @@ def test_long_outage_errors_trial_naming_uri_then_resumes(cluster, moto_s3, prox
     os.environ["AWS_SECRET_ACCESS_KEY"] = planted
     try:
         # workers give up after ~0.3 s; the driver waits (0.2 + ... + 12.8 s) for storage
+        # (its error.txt write is not spooled; see the next test for a short driver budget)
         worker_config({"dasktune.storage.retries": 1,
                        "dasktune.storage.retry-backoff": "0.2s",
                        "dasktune.storage.sync-period": "0.2s"})
@@ -275,11 +276,40 @@ def test_long_outage_errors_trial_naming_uri_then_resumes(cluster, moto_s3, prox
     assert f"s3://{bucket}/p/exp/" in error and "storage unreachable" in error
     lines = result_lines(direct, r.path)
     assert [x["i"] for x in lines] == list(range(8))  # resumed from its last checkpoint
+    assert len(direct.cat_file(f"{r.path}/progress.csv").splitlines()) == 9  # header + 8
     # the planted secret is in no file of the experiment and in no error text
     for path in direct.find(f"{bucket}/p/exp"):
         assert planted.encode() not in direct.cat_file(path), path
     assert planted not in (trial.get("error_msg") or "") + error
 
+
+
+def test_outage_past_the_drivers_retry_budget_keeps_every_result(cluster, moto_s3, proxy,
+                                                                 worker_config):
+    """The driver's retry budget is as short as the workers' (~0.6 s) and the endpoint
+    is away for 4 s: its result uploads are put off, fit() does not fail, and once the
+    endpoint is back every result is in result.json and progress.csv."""
+    settings = {"dasktune.storage.retries": 1, "dasktune.storage.retry-backoff": "0.2s",
+                "dasktune.storage.sync-period": "0.2s"}
+    worker_config(settings)
+    import dask.config
+
+    with dask.config.set(settings):
+        bucket = moto_s3.new_bucket()
+        direct = s3_fs(moto_s3.endpoint)
+        outage = Outage(proxy, direct, f"{bucket}/p/exp", after=2, secs=4.0)
+        rc = tune.RunConfig(name="exp", storage_path=f"s3://{bucket}/p", verbose=0,
+                            storage_options=s3_options(proxy.endpoint),
+                            failure_config=tune.FailureConfig(max_failures=-1))
+        results = tune.Tuner(counting, param_space={"lr": 1.0, "iters": 8, "sleep": 0.2},
+                             run_config=rc).fit()
+    assert outage.started.is_set() and proxy.refused > 0
+    direct.invalidate_cache()
+    r = results[0]
+    assert not results.errors and r.metrics["training_iteration"] == 8
+    assert [x["i"] for x in result_lines(direct, r.path)] == list(range(8))
+    assert len(direct.cat_file(f"{r.path}/progress.csv").splitlines()) == 9  # header + 8
+    assert json.loads(direct.cat_file(f"{r.path}/params.json"))["iters"] == 8
 
 def test_credentials_in_storage_options_reach_no_file(cluster, moto_s3):
     planted = "PLANTEDoptionSECRET987654321"
@@ -291,3 +321,23 @@ def test_credentials_in_storage_options_reach_no_file(cluster, moto_s3):
     direct = s3_fs(moto_s3.endpoint)
     leaked = [p for p in direct.find(f"{bucket}/p/exp") if planted.encode() in direct.cat_file(p)]
     assert not leaked
+
+
+def test_restore_with_storage_options_only(cluster, moto_s3):
+    """``Tuner.restore``/``can_restore`` reach S3 with ``storage_options`` alone (no
+    filesystem object): the errored trial resumes from its S3 checkpoint."""
+    bucket = moto_s3.new_bucket()
+    opts = {"client_kwargs": {"endpoint_url": moto_s3.endpoint}}
+    rc = tune.RunConfig(name="exp", storage_path=f"s3://{bucket}/p", verbose=0,
+                        storage_options=opts)
+    first = tune.Tuner(counting, param_space={"lr": 1.0, "iters": 5, "die_at": 2},
+                       run_config=rc).fit()
+    assert len(first.errors) == 1
+    uri = f"s3://{bucket}/p/exp"
+    assert tune.Tuner.can_restore(uri, storage_options=opts)
+    assert not tune.Tuner.can_restore(f"s3://{bucket}/p/nothing", storage_options=opts)
+    again = tune.Tuner.restore(uri, trainable=counting, resume_errored=True,
+                               storage_options=opts).fit()
+    assert not again.errors and again[0].metrics["i"] == 4
+    direct = s3_fs(moto_s3.endpoint)
+    assert [x["i"] for x in result_lines(direct, again[0].path)] == list(range(5))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import json
 import math
 import random
 
@@ -21,6 +23,7 @@ from dasktune.schedulers import (
 )
 from dasktune.schedulers._pbt_explore import explore
 from dasktune.schedulers.testing import SimpleContext, SimulatedRun
+from dasktune.storage import ExperimentStorage
 from dasktune.trial import PAUSED, PENDING, RUNNING, TERMINATED, Trial
 
 
@@ -47,6 +50,21 @@ def test_exports_and_create_scheduler():
         create_scheduler("pb2")
     assert isinstance(SimpleContext(), SchedulerContext)
     assert TrialScheduler.CONTINUE == "CONTINUE" and TrialScheduler.NOOP == "NOOP"
+
+
+@pytest.mark.parametrize(("module", "names"), [
+    ("trial_scheduler", ["TrialScheduler", "FIFOScheduler"]),
+    ("async_hyperband", ["AsyncHyperBandScheduler", "ASHAScheduler"]),
+    ("hyperband", ["HyperBandScheduler"]),
+    ("median_stopping_rule", ["MedianStoppingRule"]),
+    ("pbt", ["PopulationBasedTraining"]),
+])
+def test_rays_submodule_paths(module, names):
+    """``from ray.tune.schedulers.pbt import ...`` translates to ``dasktune.schedulers.pbt``."""
+    mod = importlib.import_module(f"dasktune.schedulers.{module}")
+    package = importlib.import_module("dasktune.schedulers")
+    for name in names:
+        assert getattr(mod, name) is getattr(package, name)
 
 
 @pytest.mark.parametrize("cls", [AsyncHyperBandScheduler, HyperBandScheduler,
@@ -352,6 +370,53 @@ def test_pbt_exploit_clones_a_top_quantile_donor():
     assert sched.on_trial_result(ctx, trials[2], {"training_iteration": 5, "score": -5}) \
         == "CONTINUE"
     assert len(sched.perturbations) == 2
+
+
+class StorageContext(SimpleContext):
+    """A context with the experiment's storage, as the driver gives PBT for its policy logs."""
+
+    def __init__(self, trials: list[Trial], storage: ExperimentStorage):
+        super().__init__(trials)
+        self.storage = storage
+
+
+@pytest.mark.parametrize("log_config", [True, False])
+def test_pbt_log_config_writes_rays_policy_files(tmp_path, log_config):
+    storage = ExperimentStorage(str(tmp_path), "exp")
+    sched = pbt(log_config=log_config)
+    trials = pbt_trials(4)
+    for i, t in enumerate(trials):
+        t.experiment_tag = f"{i}_lr=0.01"
+    ctx = StorageContext(trials, storage)
+    for t in trials:
+        sched.on_trial_add(ctx, t)
+
+    def report(t: Trial, it: int, score: float):
+        t.last_result = {"training_iteration": it, "score": score}
+        return sched.on_trial_result(ctx, t, dict(t.last_result))
+
+    for rank, t in enumerate(trials):  # each new reporter is the best so far: no exploit
+        assert report(t, 2, float(rank)) == "CONTINUE"
+    for rank, t in reversed(list(enumerate(trials))):  # t0, the worst, reports last
+        first = report(t, 4, float(rank))
+    assert isinstance(first, Exploit) and first.donor_trial_id == "t3"
+    folder = tmp_path / "exp"
+    if not log_config:
+        assert not list(folder.glob("pbt_*.txt")) and not sched.perturbations
+        return
+    policy = ["0_lr=0.01", "3_lr=0.01", 4, 4, trials[3].config, first.config]
+    assert [json.loads(x) for x in (folder / "pbt_global.txt").read_text().splitlines()] \
+        == [policy]
+    assert json.loads((folder / "pbt_policy_t0.txt").read_text()) == policy
+    # t3 exploits t0 later: t3's policy file takes over t0's history, then adds its step.
+    trials[0].config = first.config
+    second = None
+    for t, score in ((trials[0], 9.0), (trials[1], 5.0), (trials[2], 6.0), (trials[3], 0.0)):
+        second = report(t, 6, score)
+    assert isinstance(second, Exploit) and second.donor_trial_id == "t0"
+    t3_lines = [json.loads(x) for x in (folder / "pbt_policy_t3.txt").read_text().splitlines()]
+    assert t3_lines[0] == policy and t3_lines[1][:4] == ["3_lr=0.01", "0_lr=0.01", 6, 6]
+    assert len((folder / "pbt_global.txt").read_text().splitlines()) == 2
 
 
 def test_pbt_explore_stays_within_mutations():

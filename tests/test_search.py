@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import pickle
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import sys
 import pytest
 
 from dasktune import space as sp
+from dasktune.results import ResultGrid
 from dasktune.search import (
     TRIAL_INDEX,
     BasicVariantGenerator,
@@ -18,7 +20,9 @@ from dasktune.search import (
     Searcher,
     SearchGenerator,
     Suggestion,
+    create_searcher,
 )
+from dasktune.trial import ERROR, TERMINATED, Trial
 
 UID = "0123abcd"
 
@@ -161,6 +165,20 @@ def test_bvg_state_restore_continues(constant):
     assert fresh.is_finished() and len(full) == 9
 
 
+def test_bvg_positional_arguments_in_rays_order():
+    names = list(inspect.signature(BasicVariantGenerator).parameters)
+    assert names[:4] == ["points_to_evaluate", "max_concurrent", "constant_grid_search",
+                         "random_state"]
+    space = {"g": sp.grid_search([1, 2]), "r": sp.uniform(0, 1)}
+    positional = BasicVariantGenerator(None, 0, True, 7)
+    keywords = BasicVariantGenerator(constant_grid_search=True, random_state=7)
+    for alg in (positional, keywords):
+        alg.set_search_properties("loss", "min", space, num_samples=2, experiment_uid=UID)
+    configs = [t.config for t in drain(positional)]
+    assert configs == [t.config for t in drain(keywords)]
+    assert configs[0]["r"] == configs[1]["r"] != configs[2]["r"]  # constant over the grid
+
+
 def test_bvg_bad_input():
     with pytest.raises(TypeError, match="Mapping"):
         bvg([1])
@@ -255,6 +273,47 @@ def test_searcher_base_contract(tmp_path):
         other.restore_from_dir(str(tmp_path / "empty"))
     with pytest.raises(NotImplementedError):
         Searcher().get_state()
+
+
+def test_create_searcher_by_rays_names():
+    for name in ("random", "variant_generator", "Random"):
+        alg = create_searcher(name, random_state=3)
+        assert isinstance(alg, BasicVariantGenerator)
+    from dasktune.search.optuna import OptunaSearch
+
+    optuna_search = create_searcher("optuna", metric="loss", mode="min", seed=1)
+    assert isinstance(optuna_search, OptunaSearch) and optuna_search.metric == "loss"
+    with pytest.raises(ValueError, match="not available"):
+        create_searcher("hyperopt")
+    with pytest.raises(ValueError, match="unknown search algorithm"):
+        create_searcher("nope")
+
+
+class PointSearcher(ListSearcher):
+    """Records the points it is told about."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+        self.points: list = []
+
+    def add_evaluated_point(self, parameters, value, error=False, pruned=False,
+                            intermediate_values=None):
+        self.points.append((parameters, value, error))
+
+
+def test_add_evaluated_trials_from_trials_and_result_grid():
+    trials = [
+        Trial("t0", {"a": 1}, status=TERMINATED, last_result={"loss": 0.5}),
+        Trial("t1", {"a": 2}, status=ERROR, error_msg="boom"),
+        Trial("t2", {"a": 3}, status=TERMINATED, last_result={"acc": 1.0}),  # no metric
+    ]
+    expected = [({"a": 1}, 0.5, False), ({"a": 2}, None, True)]
+    for given in (trials, trials[0], ResultGrid(trials)):
+        searcher = PointSearcher()
+        searcher.add_evaluated_trials(given, "loss")
+        assert searcher.points == (expected if given is not trials[0] else expected[:1])
+    with pytest.raises(ValueError, match="no trial reported"):
+        PointSearcher().add_evaluated_trials(trials[2:], "loss")
 
 
 # -- ConcurrencyLimiter ---------------------------------------------------------------

@@ -252,6 +252,114 @@ def test_append_file_keeps_every_line(store):
     assert [json.loads(x)["i"] for x in lines] == [1, 2, 3]
 
 
+class OutageFS:
+    """A local folder behind a filesystem (not the local one: the spooled, object-store
+    path is taken) that refuses every call while ``down`` is set."""
+
+    down = False
+
+    @classmethod
+    def make(cls, root: str):
+        from fsspec.implementations.dirfs import DirFileSystem
+        from fsspec.implementations.local import LocalFileSystem
+
+        def guard(name):
+            method = getattr(DirFileSystem, name)
+
+            def call(self, *args, **kwargs):
+                if cls.down:
+                    raise ConnectionRefusedError(f"{name}: connection refused")
+                return method(self, *args, **kwargs)
+
+            return call
+
+        names = ["put_file", "pipe_file", "cat_file", "exists", "makedirs", "info", "ls",
+                 "open", "rm"]
+        flaky = type("FlakyDirFS", (DirFileSystem,), {n: guard(n) for n in names})
+        return flaky(path=root, fs=LocalFileSystem())
+
+
+def test_logger_outage_past_retry_budget_keeps_every_result(tmp_path, caplog):
+    """The store is away for longer than the retry budget while a trial reports, ends
+    and a second one starts: no hook raises, and once it is back every line is there."""
+    from dasktune.logger import CSVLoggerCallback, JsonLoggerCallback
+    from dasktune.trial import Trial
+
+    root = tmp_path / "bucket"
+    root.mkdir()
+    fs = OutageFS.make(str(root))
+    settings = {"dasktune.storage.retries": 1, "dasktune.storage.retry-backoff": "0.01s",
+                "dasktune.storage.sync-period": "0s"}
+    with dask.config.set(settings):
+        store = ExperimentStorage("/runs", "exp", filesystem=fs)
+        loggers = [JsonLoggerCallback(), CSVLoggerCallback()]
+        trials = [Trial(trial_id=f"t{i}", config={"x": i}) for i in range(3)]
+        for t in trials:
+            t.path = store.trial_path(f"train_{t.trial_id}")
+        for cb in loggers:
+            cb.setup(storage=store)
+
+        def hook(name, **kw):
+            for cb in loggers:
+                getattr(cb, name)(iteration=0, trials=trials, **kw)
+
+        def report(t, i):
+            hook("on_trial_result", trial=t, result={"i": i, "training_iteration": i + 1})
+
+        hook("on_trial_start", trial=trials[0])
+        report(trials[0], 0)
+        hook("on_step_end")
+        OutageFS.down = True
+        try:
+            report(trials[0], 1)
+            hook("on_step_end")
+            hook("on_trial_complete", trial=trials[0])  # its close cannot upload
+            hook("on_trial_start", trial=trials[1])  # params and a new file: no read
+            report(trials[1], 0)
+            hook("on_step_end")
+            hook("on_trial_start", trial=trials[2])
+            report(trials[2], 0)
+        finally:
+            OutageFS.down = False
+        hook("on_step_end")  # storage is back: everything pending goes up
+        hook("on_trial_complete", trial=trials[1])
+        for cb in loggers:
+            cb.on_experiment_end(trials=trials)
+    assert "uploaded later" in caplog.text
+
+    def read(t, name):
+        return (root / "runs" / "exp" / f"train_{t.trial_id}" / name).read_text()
+
+    assert [json.loads(x)["i"] for x in read(trials[0], "result.json").splitlines()] == [0, 1]
+    for t in trials[1:]:
+        assert [json.loads(x)["i"] for x in read(t, "result.json").splitlines()] == [0]
+        assert json.loads(read(t, "params.json")) == t.config
+    assert read(trials[0], "progress.csv").splitlines()[1:] == ["0,1", "1,2"]
+    # nothing is left spooled once storage took it all
+    assert not [cb._closing for cb in loggers if cb._closing]
+
+
+def test_close_that_never_uploads_keeps_the_spool(tmp_path, caplog):
+    fs = OutageFS.make(str(tmp_path))
+    with dask.config.set({"dasktune.storage.retries": 0}):
+        store = ExperimentStorage("/runs", "exp", filesystem=fs)
+        fh = store.open_append(store.path("t", "result.json"))
+        fh.write(b'{"i": 0}\n')
+        OutageFS.down = True
+        try:
+            with pytest.raises(StorageError):
+                fh.close()  # not final: still open, a later close can upload
+            assert not fh.closed
+            with pytest.raises(StorageError):
+                fh.close(final=True)
+        finally:
+            OutageFS.down = False
+    assert fh.closed
+    spool = fh._spool.name
+    assert spool in caplog.text and open(spool, "rb").read() == b'{"i": 0}\n'
+    os.unlink(spool)
+
+
 # -------------------------------------------------------------- plain units
 def test_retry_backoff_then_storage_error_names_uri():
     calls = []
@@ -283,6 +391,36 @@ def test_redact_and_scrub():
     assert scrub_options(opts) == {"anon": False, "client_kwargs": {"endpoint_url": "http://e",
                                                                     "region_name": "r"}}
     assert scrub_options(None) is None
+    assert "tok123" not in redact("401: Authorization: Bearer tok123 rejected")
+
+
+def test_scrub_drops_every_kind_of_credential():
+    planted = "PLANTED"
+    opts = {"account_name": "acct", "account_key": planted, "connection_string": planted,
+            "api_key": planted, "password": planted, "credentials": {"a": planted},
+            "sas_token": planted, "client_kwargs": {
+                "endpoint_url": f"https://user:{planted}@host:9000",
+                "headers": {"Authorization": f"Bearer {planted}", "X-Trace": "t1"}},
+            "config_kwargs": {"retries": {"max_attempts": 1}}, "region": "eu"}
+    clean = scrub_options(opts)
+    assert planted not in repr(clean)
+    assert clean == {"account_name": "acct", "region": "eu",
+                     "client_kwargs": {"endpoint_url": "https://host:9000",
+                                       "headers": {"X-Trace": "t1"}},
+                     "config_kwargs": {"retries": {"max_attempts": 1}}}
+
+
+def test_storage_error_does_not_chain_the_raw_message():
+    import traceback
+
+    def down():
+        raise ConnectionRefusedError("refused: https://user:PLANTEDpw@host/x?Signature=PLANTED")
+
+    with pytest.raises(StorageError) as info:
+        retry(down, "s3://bucket/exp", retries=0, backoff=0.0)
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+    text = "".join(traceback.format_exception(info.value))
+    assert "PLANTED" not in text and "s3://bucket/exp" in text
 
 
 def test_transfers_have_bounded_memory(moto_s3):

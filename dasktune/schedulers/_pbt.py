@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 import random
 from collections.abc import Callable, Mapping
@@ -18,6 +20,8 @@ if TYPE_CHECKING:
 
 __all__ = ["PopulationBasedTraining"]
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass
 class _TrialState:
@@ -25,6 +29,7 @@ class _TrialState:
     last_perturbation_time: float = 0.0
     last_train_time: float = 0.0
     pending_exploit: Exploit | None = None  # synch mode: applied at the trial's next result
+    orig_tag: str = ""  # the experiment tag when added (Ray's policy logs name trials so)
 
 
 class PopulationBasedTraining(TrialScheduler):
@@ -41,6 +46,12 @@ class PopulationBasedTraining(TrialScheduler):
     pauses trials at each interval until all live ones reach it; bottom trials then exploit at
     their next result. ``seed`` (dasktune only) makes donor choice and exploration
     reproducible; Ray uses the global RNG.
+
+    ``log_config``: every exploit is kept in :attr:`perturbations` and, when the context
+    has a ``storage`` (the experiment's :class:`~dasktune.storage.ExperimentStorage`), written
+    as Ray does: a JSON line ``[tag, donor tag, iteration, donor iteration, donor config, new
+    config]`` appended to ``pbt_global.txt`` and to ``pbt_policy_<trial_id>.txt`` (which first
+    takes over the donor's policy file) in the experiment folder.
     """
 
     _state_attrs = ("_trial_state", "_next_perturbation_sync", "_num_perturbations",
@@ -120,7 +131,8 @@ class PopulationBasedTraining(TrialScheduler):
                 f"{type(self).__name__}: hyperparam_mutations key(s) {missing} not in the "
                 f"config of trial {trial.trial_id} (config keys: {sorted(trial.config)}); "
                 f"add them to the param_space")
-        self._trial_state.setdefault(trial.trial_id, _TrialState())
+        state = self._trial_state.setdefault(trial.trial_id, _TrialState())
+        state.orig_tag = state.orig_tag or trial.experiment_tag
 
     def on_trial_result(self, tune_controller: SchedulerContext, trial: Trial,
                         result: dict[str, Any]) -> str | Exploit:
@@ -219,8 +231,37 @@ class PopulationBasedTraining(TrialScheduler):
                 "new_config": new_config, "operations": ops,
                 "donor_checkpoint": donor.checkpoint,
             })
+            self._write_policy(ctx, trial, donor, new_config)
         return Exploit(config=new_config, checkpoint=donor.checkpoint,
                        donor_trial_id=donor.trial_id)
+
+    def _write_policy(self, ctx: SchedulerContext, trial: Trial, donor: Trial,
+                      new_config: dict[str, Any]) -> None:
+        """Log an exploit to ``pbt_global.txt`` and the trial's ``pbt_policy_<id>.txt``."""
+        storage = getattr(ctx, "storage", None)
+        if storage is None:  # simulations and contexts without an experiment folder
+            return
+        policy = [
+            self._state(trial).orig_tag or trial.experiment_tag,
+            self._state(donor).orig_tag or donor.experiment_tag,
+            trial.last_result.get("training_iteration", 0),
+            donor.last_result.get("training_iteration", 0),
+            donor.config,
+            new_config,
+        ]
+        line = (json.dumps(policy, default=repr) + "\n").encode()
+        mine = storage.path(f"pbt_policy_{trial.trial_id}.txt")
+        theirs = storage.path(f"pbt_policy_{donor.trial_id}.txt")
+        try:
+            glob_path = storage.path("pbt_global.txt")
+            old = storage.read_bytes(glob_path) if storage.exists(glob_path) else b""
+            storage.write_bytes(glob_path, old + line)
+            # The trial now continues the donor's history, so it takes over its policy.
+            history = storage.read_bytes(theirs) if storage.exists(theirs) else b""
+            storage.write_bytes(mine, history + line)
+        except Exception:  # noqa: BLE001 - a log that cannot be written must not stop PBT
+            logger.warning("PopulationBasedTraining: could not write the policy log of trial "
+                           "%s", trial.trial_id, exc_info=True)
 
     def on_trial_remove(self, tune_controller: SchedulerContext, trial: Trial) -> None:
         self._trial_state.pop(trial.trial_id, None)

@@ -9,6 +9,8 @@ only when asked for, so this package does not import optuna.
 
 from __future__ import annotations
 
+from typing import Any
+
 from dasktune.search._base import SearchAlgorithm, Searcher, Suggestion
 from dasktune.search.basic_variant import BasicVariantGenerator
 from dasktune.search.concurrency_limiter import ConcurrencyLimiter
@@ -24,4 +26,33 @@ __all__ = [
     "SearchGenerator",
     "Searcher",
     "Suggestion",
+    "create_searcher",
 ]
+
+# Ray's short names that dasktune provides; optuna is imported only when asked for.
+_SEARCHERS = ("random", "variant_generator", "optuna")
+# Ray's names whose libraries dasktune does not wrap.
+_UNAVAILABLE = ("ax", "bayesopt", "bohb", "hebo", "hyperopt", "nevergrad", "zoopt")
+
+
+def create_searcher(search_alg: str, **kwargs: Any) -> SearchAlgorithm | Searcher:
+    """Build a search algorithm from its Ray short name (Ray's ``create_searcher``).
+
+    ``"random"`` and ``"variant_generator"`` give a :class:`BasicVariantGenerator`,
+    ``"optuna"`` an :class:`~dasktune.search.optuna.OptunaSearch`; ``kwargs`` go to the
+    constructor, e.g. ``create_searcher("optuna", metric="loss", mode="min")``.
+    """
+    if not isinstance(search_alg, str):
+        raise TypeError(f"create_searcher needs a search algorithm name, got {search_alg!r}")
+    key = search_alg.lower()
+    if key in _UNAVAILABLE:
+        raise ValueError(f"the search algorithm {search_alg!r} is not available in dasktune")
+    if key not in _SEARCHERS:
+        raise ValueError(
+            f"unknown search algorithm {search_alg!r}; known: {sorted(_SEARCHERS)}"
+        )
+    if key == "optuna":
+        from dasktune.search.optuna import OptunaSearch
+
+        return OptunaSearch(**kwargs)
+    return BasicVariantGenerator(**kwargs)

@@ -118,6 +118,34 @@ class Searcher:
         """Tell the searcher about a point evaluated outside this experiment."""
         raise NotImplementedError(f"{type(self).__name__} does not take evaluated points")
 
+    def add_evaluated_trials(self, trials_or_analysis: Any, metric: str) -> None:
+        """Pass trials evaluated elsewhere to :meth:`add_evaluated_point` (Ray's method).
+
+        Takes a trial, a list of trials, a ``ResultGrid`` (or its ``Result`` objects) or
+        anything with a ``trials`` list; ``metric`` is read from each trial's last result.
+        Failed trials are passed with ``error=True``; those without the metric are skipped.
+        """
+        if hasattr(trials_or_analysis, "config"):  # one Trial or Result
+            trials = [trials_or_analysis]
+        elif hasattr(trials_or_analysis, "trials"):  # an ExperimentAnalysis-like object
+            trials = list(trials_or_analysis.trials)
+        else:
+            trials = list(trials_or_analysis)  # a list, or a ResultGrid (yields Results)
+        points = []
+        for trial in trials:
+            # A Trial has last_result/status; a Result has metrics/error.
+            if hasattr(trial, "last_result"):
+                last, error = trial.last_result or {}, trial.status == "ERROR"
+            else:
+                last, error = trial.metrics or {}, trial.error is not None
+            value = last.get(metric)
+            if value is not None or error:
+                points.append((dict(trial.config or {}), value, error))
+        if trials and not any(value is not None for _, value, _ in points):
+            raise ValueError(f"add_evaluated_trials: no trial reported the metric {metric!r}")
+        for config, value, error in points:
+            self.add_evaluated_point(config, value, error=error)
+
     def get_state(self) -> dict:
         """A picklable dict from which :meth:`set_state` continues the search."""
         raise NotImplementedError(f"{type(self).__name__} does not implement get_state")

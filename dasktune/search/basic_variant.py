@@ -32,10 +32,10 @@ class BasicVariantGenerator(SearchAlgorithm):
     Args:
         points_to_evaluate: configs (possibly partial) to run first.
         max_concurrent: at most this many trials in flight (0: no limit).
-        random_state: a seed, numpy ``Generator``/``RandomState``, or None; if None, the
-            ``seed`` keyword of :meth:`set_search_properties` is used when given.
         constant_grid_search: draw random values once per sample and keep them for every
             grid variant of that sample.
+        random_state: a seed, numpy ``Generator``/``RandomState``, or None; if None, the
+            ``seed`` keyword of :meth:`set_search_properties` is used when given.
         experiment_uid: the 8-hex trial-id prefix (default: random).
     """
 
@@ -43,8 +43,8 @@ class BasicVariantGenerator(SearchAlgorithm):
         self,
         points_to_evaluate: list[dict] | None = None,
         max_concurrent: int = 0,
-        random_state: Any = None,
         constant_grid_search: bool = False,
+        random_state: Any = None,
         *,
         experiment_uid: str | None = None,
     ) -> None:

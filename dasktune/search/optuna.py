@@ -13,9 +13,11 @@ flight at save time can still report and complete under their dasktune trial ids
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 import pickle
+import threading
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -33,6 +35,30 @@ __all__ = ["OptunaSearch"]
 logger = logging.getLogger(__name__)
 
 Space = Mapping[str, Any] | Callable[[optuna.Trial], dict | None]
+
+# Lock types -> factories. Optuna's GA samplers (NSGA-II/III) hold a ``threading.Lock``,
+# which no pickler accepts; a lock guards in-process state only, so a fresh one is its copy.
+_LOCK_FACTORIES: dict[type, Callable[[], Any]] = {
+    type(threading.Lock()): threading.Lock,
+    type(threading.RLock()): threading.RLock,
+}
+
+
+class _LockSafePickler(cloudpickle.Pickler):
+    """A cloudpickle Pickler that pickles thread locks as new, unlocked locks."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        make = _LOCK_FACTORIES.get(type(obj))
+        if make is not None:
+            return make, ()
+        return super().reducer_override(obj)
+
+
+def _dumps(obj: Any) -> bytes:
+    """cloudpickle ``obj``, locks included (see :class:`_LockSafePickler`)."""
+    buf = io.BytesIO()
+    _LockSafePickler(buf, protocol=pickle.DEFAULT_PROTOCOL).dump(obj)
+    return buf.getvalue()
 
 
 class OptunaSearch(Searcher):
@@ -311,6 +337,14 @@ class OptunaSearch(Searcher):
 
     # -- state ------------------------------------------------------------------------
 
+    def __getstate__(self) -> dict[str, Any]:
+        # One blob for the whole __dict__: the sampler may hold locks, and pickling it together
+        # with the study and the in-flight Trials keeps them sharing one (copied) study.
+        return {"blob": _dumps(self.__dict__)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(pickle.loads(state["blob"]))
+
     @property
     def study(self) -> optuna.Study:
         """The Optuna study (created on first use)."""
@@ -325,10 +359,8 @@ class OptunaSearch(Searcher):
             "mode": self._mode,
             "study_name": self._study_name,
             "storage_url": self._storage if isinstance(self._storage, str) else None,
-            "study": cloudpickle.dumps(self._study) if in_memory and self._study is not None else None,
-            "sampler": None
-            if in_memory or self._study is None
-            else cloudpickle.dumps(self._study.sampler),
+            "study": _dumps(self._study) if in_memory and self._study is not None else None,
+            "sampler": None if in_memory or self._study is None else _dumps(self._study.sampler),
             "trials": {tid: t._trial_id for tid, t in self._ot_trials.items()},
             "completed": sorted(self._completed),
             "points": self._points,

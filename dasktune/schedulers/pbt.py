@@ -1,0 +1,7 @@
+"""Ray's ``ray.tune.schedulers.pbt`` path, for translated imports."""
+
+from __future__ import annotations
+
+from dasktune.schedulers._pbt import PopulationBasedTraining
+
+__all__ = ["PopulationBasedTraining"]
