@@ -79,6 +79,11 @@ class _Context:
     def time(self) -> float:
         return time.time()
 
+    def search_finished(self) -> bool:
+        """Whether the searcher will suggest no more trials (HyperBand: a bracket that
+        will not fill may halve with the trials it has)."""
+        return self._c.search_alg.is_finished()
+
     @property
     def storage(self) -> ExperimentStorage:
         """The experiment's storage (PBT writes its ``log_config`` policy files there)."""
@@ -463,7 +468,7 @@ class TuneController:
                 decision = self.scheduler.on_trial_result(self._ctx, trial, result)
             if done:
                 decision = "STOP_DONE"
-            self._apply(trial, decision, result)
+            self._apply(trial, decision, result, checkpointed=bool(ckpt))
         if self.stopper.stop_all():
             self._stop_everything("stopper.stop_all() returned True")
 
@@ -502,7 +507,8 @@ class TuneController:
                 return False
         return True
 
-    def _apply(self, trial: Trial, decision: Any, result: dict[str, Any]) -> None:
+    def _apply(self, trial: Trial, decision: Any, result: dict[str, Any],
+               checkpointed: bool = False) -> None:
         from dasktune.schedulers import TrialScheduler
 
         tid = trial.trial_id
@@ -510,7 +516,9 @@ class TuneController:
             return
         if decision == TrialScheduler.PAUSE:
             self._action[tid] = _PAUSING
-            self.executor.stop(tid, checkpoint=True)
+            # This very result came with a checkpoint: pause right here (as Ray does, at
+            # the milestone), not after one more iteration and checkpoint.
+            self.executor.stop(tid, checkpoint=not checkpointed)
             return
         if decision in (TrialScheduler.STOP, "STOP_DONE"):
             early = decision == TrialScheduler.STOP

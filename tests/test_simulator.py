@@ -263,3 +263,29 @@ def test_bad_input_is_named():
     results = run_simulated("f", {"q": 0.5}, TuneConfig(num_samples=1),
                             RunConfig(stop={"nope": 1}), executor=ex)
     assert results.num_errors == 1 and "'nope'" in str(results.errors[0])
+
+
+def test_hyperband_cost_does_not_depend_on_the_slot_count():
+    """Few slots add trials to a bracket one by one: it must still halve only once full
+    (or once the searcher has run dry), so the cost is HyperBand's, not FIFO's."""
+    from dasktune.schedulers import HyperBandScheduler
+
+    def curve(config, trial_id):
+        return [(1.0, {"score": config["q"] * (1 - 0.9 ** (i + 1))}, True) for i in range(27)]
+
+    def run(slots):
+        tc = TuneConfig(metric="score", mode="max", num_samples=81, seed=0,
+                        scheduler=HyperBandScheduler(max_t=27, reduction_factor=3))
+        results = run_simulated("f", {"q": tune.uniform(0, 1)}, tc,
+                                executor=SimulatedExecutor(slots, trial_model=curve))
+        its = [r.metrics["training_iteration"] for r in results]
+        best = max(results, key=lambda r: r.config["q"])
+        assert best.metrics["training_iteration"] == 27  # the best config ran to the end
+        return sum(its), its.count(27)
+
+    few, many = run(4), run(81)
+    fifo = 81 * 27
+    # Ray's bracket arithmetic for 81 trials, max_t 27, eta 3: ~33% of FIFO's iterations
+    # (+ at most one iteration per cut trial that was running when cut).
+    assert few[0] < 0.37 * fifo and many[0] < 0.37 * fifo, (few, many)
+    assert few[1] == many[1]

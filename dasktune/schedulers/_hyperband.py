@@ -196,9 +196,19 @@ class HyperBandScheduler(TrialScheduler):
             return self.STOP
         return self._process(tune_controller, bracket, tid)
 
-    def _process(self, ctx: SchedulerContext, bracket: _Bracket, current: str | None) -> str:
-        """Halve the bracket if every live trial reached the milestone; else pause ``current``."""
+    @staticmethod
+    def _ready(ctx: SchedulerContext, bracket: _Bracket) -> bool:
+        """Every live trial reached the milestone, and no more trials will join: the
+        driver adds trials as slots free up (Ray queues them all up front), so a bracket
+        halved before it filled would judge its first few trials alone."""
         if not bracket.cur_iter_done():
+            return False
+        search_finished = getattr(ctx, "search_finished", None)
+        return bracket.filled() or search_finished is None or bool(search_finished())
+
+    def _process(self, ctx: SchedulerContext, bracket: _Bracket, current: str | None) -> str:
+        """Halve the bracket if it is :meth:`_ready`; else pause ``current``."""
+        if not self._ready(ctx, bracket):
             return self.PAUSE
         if bracket.finished():
             for tid in list(bracket.live):
@@ -230,7 +240,7 @@ class HyperBandScheduler(TrialScheduler):
             return
         bracket.live.pop(tid)
         bracket.to_unpause.discard(tid)
-        if bracket.live and not bracket.finished() and bracket.cur_iter_done():
+        if bracket.live and not bracket.finished() and self._ready(ctx, bracket):
             self._process(ctx, bracket, None)
 
     def on_trial_complete(self, tune_controller: SchedulerContext, trial: Trial,
@@ -247,6 +257,24 @@ class HyperBandScheduler(TrialScheduler):
     def choose_trial_to_run(self, tune_controller: SchedulerContext) -> Trial | None:
         """A PENDING trial, or a PAUSED one promoted by a halving; least complete bracket first."""
         by_id = {t.trial_id: t for t in tune_controller.get_trials()}
+        trial = self._promotable(by_id)
+        if trial is not None:
+            return trial
+        # The searcher ran dry with a bracket short of its size: halve it as it is.
+        halved = False
+        for band in self._hyperbands:
+            for bracket in band:
+                if bracket is not None and bracket.live and not bracket.filled() and \
+                        not bracket.finished() and self._ready(tune_controller, bracket):
+                    self._process(tune_controller, bracket, None)
+                    halved = True
+        if halved:
+            trial = self._promotable(by_id)
+            if trial is not None:
+                return trial
+        return self._doomed_to_resume(by_id)
+
+    def _promotable(self, by_id: dict[str, Trial]) -> Trial | None:
         for band in self._hyperbands:
             brackets = [b for b in band if b is not None]
             for bracket in sorted(brackets, key=lambda b: b.completion()):
@@ -258,6 +286,9 @@ class HyperBandScheduler(TrialScheduler):
                             trial.status == PAUSED and bracket.continue_trial(tid)):
                         bracket.to_unpause.discard(tid)
                         return trial
+        return None
+
+    def _doomed_to_resume(self, by_id: dict[str, Trial]) -> Trial | None:
         # Nothing promotable: resume a cut trial only so a driver that ignores trials_to_stop
         # still ends (its first result is answered STOP).
         for tid in sorted(self._doomed):
