@@ -2,7 +2,8 @@
 
 One line per trial at most, sorted by the metric (best first), capped with a
 "+N more" line; a summary line with trial counts and the best so far. Plain text
-(no control characters) when stdout is not a terminal, so logs and pipes stay clean.
+(no control characters) when stdout is not a terminal, so logs and pipes stay clean;
+in Jupyter, one output cell that updates in place.
 """
 
 from __future__ import annotations
@@ -39,8 +40,24 @@ class ProgressReporter:
             else period
         self._last = 0.0
         self._start = time.monotonic()
+        # In a Jupyter kernel the table is one output that updates in place.
+        self._display: Any = _jupyter_display() if out is None else None
 
     total: int | None = None
+
+    def _emit(self, text: str) -> None:
+        if self._display is not None:
+            from IPython.display import Pretty
+
+            if self._display is True:  # first table: create the output it will update
+                from IPython.display import display
+
+                self._display = display(Pretty(text), display_id=True)
+            else:
+                self._display.update(Pretty(text))
+            return
+        self.out.write(text + "\n")
+        self.out.flush()
 
     @property
     def _tty(self) -> bool:
@@ -55,14 +72,12 @@ class ProgressReporter:
         if self.verbose == 0 or now - self._last < self.period:
             return
         self._last = now
-        self.out.write(self.render(trials, status) + "\n")
-        self.out.flush()
+        self._emit(self.render(trials, status))
 
     def final(self, trials: list[Trial]) -> None:
         if self.verbose == 0:
             return
-        self.out.write(self.render(trials, "finished") + "\n")
-        self.out.flush()
+        self._emit(self.render(trials, "finished"))
 
     def progress_bar(self, trials: list[Trial], width: int = 20) -> str:
         """``[#####-----] 12/40 trials, ETA 1m30s`` when the total is known, else ''."""
@@ -157,3 +172,16 @@ def _duration(seconds: float) -> str:
     if seconds < 3600:
         return f"{seconds // 60}m{seconds % 60:02d}s"
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def _jupyter_display() -> bool | None:
+    """True inside a Jupyter (ipykernel) session, whose outputs can update in place."""
+    if "ipykernel" not in sys.modules:
+        return None
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    except Exception:  # noqa: BLE001 - no usable IPython: plain text
+        return None
+    return True if shell is not None and hasattr(shell, "kernel") else None
