@@ -18,6 +18,7 @@ moto_server = pytest.importorskip("moto.server")
 from dask_cloudprovider.aws import ec2 as cp_ec2  # noqa: E402
 
 from dasktune.cluster import get_provider, parse_cluster_config  # noqa: E402
+from tests.conftest import wait_for  # noqa: E402
 
 REGION = "us-west-2"
 
@@ -200,3 +201,56 @@ def test_gpu_worker_type_alone_sets_gpu_instance(monkeypatch, restore_dask_confi
         return c.scheduler_options["gpu_instance"], c.worker_options["gpu_instance"]
 
     assert asyncio.run(go()) == (False, True)
+
+
+HEAD_DRIVER = """
+import argparse, signal
+from distributed import Client
+
+signal.alarm(60)  # a frozen scheduler would hang this driver (and the test) for good
+
+p = argparse.ArgumentParser()
+p.add_argument("--address", required=True)
+args, rest = p.parse_known_args()
+# The driver runs inside the scheduler's own host process tree and connects back to it:
+# this only works if the scheduler keeps serving while it runs the driver.
+with Client(args.address, timeout="15s") as client:
+    print("answer", client.submit(lambda x: x * 2, 21).result(), rest, flush=True)
+"""
+
+
+def test_submit_exec_logs_through_a_serving_scheduler(dask_processes, monkeypatch, tmp_path,
+                                                      capsys):
+    """Head-node work runs inside the scheduler process (its VM is the head node): the
+    scheduler must keep serving meanwhile, and a finished detached job must read as ended."""
+    from dasktune.cluster import load_cluster_config
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    head = tmp_path / "head"  # the scheduler's home: where it keeps the jobs
+    head.mkdir()
+    procs = dask_processes(n_workers=1, env={"HOME": str(head)})
+    provider = get_provider(load_cluster_config("cluster/aws-spot.yaml"), name="head-test")
+    provider.state.write({"name": "head-test", "provider": "aws",
+                          "scheduler_address": procs.address})
+
+    assert provider.exec("echo on-the-head; exit 3") == 3
+    assert "on-the-head" in capsys.readouterr().out
+
+    script = tmp_path / "driver.py"
+    script.write_text(HEAD_DRIVER)
+    code, job = provider.submit(str(script), ["--x", "1"])
+    assert (code, job) == (0, None)
+    assert "answer 42 ['--x', '1']" in capsys.readouterr().out
+
+    go = tmp_path / "go"
+    script.write_text(HEAD_DRIVER + f"\nimport os, time\nwhile not os.path.exists({str(go)!r}):"
+                      "\n    time.sleep(0.05)\nprint('bye', flush=True)\n")
+    code, job = provider.submit(str(script), [], detach=True)
+    assert code == 0 and job and provider.state.read()["jobs"] == [job]
+    text, running = wait_for(lambda: (lambda r: r if "answer 42" in r[0] else None)(
+        provider.logs()), timeout=30, what="the detached driver's answer")
+    assert running
+    go.write_text("")
+    # It ends as a child the scheduler never waits for (a zombie): still "ended".
+    wait_for(lambda: not provider.logs(job)[1], timeout=30, what="the job to read as ended")
+    assert provider.logs(job)[0].rstrip().endswith("bye")

@@ -103,6 +103,7 @@ def test_up_status_submit_kill_down(env, tmp_path):
         _cli(env, "down", "cluster/local.yaml", "-y", "-n", name)
         assert [p for p in pids if _alive(p)] == []
         assert not os.path.exists(path)
+        assert not os.path.exists(os.path.dirname(job["log"]))  # logs gone with the cluster
         r = _cli(env, "status", "cluster/local.yaml", "-n", name, check=False)
         assert r.returncode == 1 and r.stderr.startswith("error: cluster 'e2e' is not up")
         assert "Traceback" not in r.stderr
@@ -213,13 +214,74 @@ def test_submit_start_stop_detached_leaves_nothing(env, tmp_path):
              "--detach", "--", "--x", "1")
     path, state = _state(env, "once")
     pids = [p["pid"] for p in state["processes"] + state["jobs"]]
-    go.write_text("")  # the job may end now that we know its PIDs
     try:
+        wait_for(lambda: "args ['--x', '1', '--address', 'tcp://127.0.0.1:" in _cli(
+            env, "logs", str(cfg), "-n", "once").stdout, timeout=30, what="the job's output")
+        go.write_text("")  # the job may end now that we know its PIDs
         wait_for(lambda: not os.path.exists(path), timeout=30, what="the job's own down")
         wait_for(lambda: not any(_alive(p) for p in pids), timeout=10, what="no process left")
-        log = state["jobs"][0]["log"]
-        assert "args ['--x', '1', '--address', 'tcp://127.0.0.1:" in open(log).read()
+        assert not os.path.exists(os.path.dirname(state["jobs"][0]["log"]))
     finally:
         for pid in pids:
             if _alive(pid):
                 psutil.Process(pid).kill()
+
+
+def test_restart_only_keeps_detached_jobs_for_down(env, tmp_path):
+    """`up --restart-only` restarts the Dask processes; a detached job stays on record, so
+    `logs` still reads it and `down` still stops it."""
+    cfg = tmp_path / "one.yaml"
+    cfg.write_text(open("cluster/local.yaml").read().replace("min_workers: 2", "min_workers: 1"))
+    script = tmp_path / "forever.py"
+    script.write_text("import time\nprint('job started', flush=True)\n"
+                      "deadline = time.monotonic() + 120\n"
+                      "while time.monotonic() < deadline: time.sleep(0.05)\n")
+    pids: list[int] = []
+    try:
+        _cli(env, "up", str(cfg), "-y", "-n", "rs")
+        _cli(env, "submit", str(cfg), str(script), "-n", "rs", "--detach")
+        path, before = _state(env, "rs")
+        job = before["jobs"][0]
+        pids = [p["pid"] for p in before["processes"]] + [job["pid"]]
+        r = _cli(env, "up", str(cfg), "-y", "-n", "rs", "--restart-only")
+        assert "restarting the Dask processes" in r.stderr and "workers joined 1/1" in r.stderr
+        after = _state(env, "rs")[1]
+        pids += [p["pid"] for p in after["processes"]]
+        assert not any(_alive(p["pid"]) for p in before["processes"])  # really restarted
+        assert after["scheduler_address"] != before["scheduler_address"]
+        assert [j["job"] for j in after["jobs"]] == [job["job"]] and _alive(job["pid"])
+        assert "job started" in _cli(env, "logs", str(cfg), "-n", "rs", job["job"]).stdout
+        r = _cli(env, "status", str(cfg), "-n", "rs")
+        assert f"{job['job']} running" in r.stdout
+
+        _cli(env, "down", str(cfg), "-y", "-n", "rs")
+        assert [p for p in pids if _alive(p)] == []
+        assert not os.path.exists(path)
+    finally:
+        for pid in pids:
+            if _alive(pid):
+                psutil.Process(pid).kill()
+
+
+def test_state_file_private_and_removed_with_its_folder(env, monkeypatch):
+    """The atomic-replace temp file is 0600 even when a stale, wider one was left behind;
+    `remove` takes the private folder (TLS keys, logs) along."""
+    from dasktune.cluster import ClusterState
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", env["XDG_CONFIG_HOME"])
+    state = ClusterState("priv")
+    state.write({"name": "priv"})
+    stale = state.path.with_suffix(".json.tmp")
+    stale.write_text("{}")
+    os.chmod(stale, 0o644)
+    state.write({"name": "priv", "scheduler_address": "tcp://127.0.0.1:1"})
+    assert stat.S_IMODE(os.stat(state.path).st_mode) == 0o600
+    assert state.read()["scheduler_address"] == "tcp://127.0.0.1:1"
+
+    key = state.private_file("tls-key.pem")
+    log = state.private_file("scheduler.log")
+    assert stat.S_IMODE(os.stat(key).st_mode) == 0o600
+    state.remove(keep_logs=True)  # a failed `up`: the logs its error names stay
+    assert not state.exists() and not key.exists() and log.exists()
+    state.remove()
+    assert not state.dir.exists()

@@ -179,17 +179,35 @@ def _jobs_dir() -> str:
     return path
 
 
-def _run_shell(command: str) -> tuple[int, str]:
-    """On the head: run a shell command, return (status, output)."""
-    import subprocess
+async def _run_shell(command: str) -> tuple[int, str]:
+    """On the head: run a shell command, return (status, output).
 
-    r = subprocess.run(command, shell=True, capture_output=True, text=True)
-    return r.returncode, r.stdout + r.stderr
+    A coroutine so that Dask awaits it on the scheduler's event loop instead of calling it
+    there: a blocking call would freeze the scheduler for as long as the command runs.
+    """
+    proc = await asyncio.create_subprocess_shell(
+        command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT)
+    out, _ = await proc.communicate()
+    return int(proc.returncode or 0), out.decode(errors="replace")
 
 
-def _run_driver(name: str, body: bytes, argv: list[str],
-                detach: bool) -> tuple[int, str, str | None]:
-    """On the head: write the script and run it (detached: in its own session, logged)."""
+# Runs the job and then records its exit status: the scheduler never waits on a detached
+# job, so its process stays an unreaped zombie that a PID check would take for alive.
+_RECORD_RC = ("import os, subprocess, sys\n"
+              "rc = subprocess.call(sys.argv[2:])\n"
+              "with open(sys.argv[1] + '.tmp', 'w') as f:\n"
+              "    f.write(str(rc))\n"
+              "os.replace(sys.argv[1] + '.tmp', sys.argv[1])\n")
+
+
+async def _run_driver(name: str, body: bytes, argv: list[str],
+                      detach: bool) -> tuple[int, str, str | None]:
+    """On the head: write the script and run it (detached: in its own session, logged).
+
+    A coroutine, as :func:`_run_shell`: the driver connects back to this very scheduler,
+    which must keep serving while it waits for the driver to end.
+    """
     import subprocess
     import sys
     import uuid
@@ -202,26 +220,47 @@ def _run_driver(name: str, body: bytes, argv: list[str],
         f.write(body)
     cmd = [sys.executable, path, *argv]
     if not detach:
-        r = subprocess.run(cmd, capture_output=True, text=True, cwd=folder)
-        return r.returncode, r.stdout + r.stderr, None
+        proc = await asyncio.create_subprocess_exec(
+            *cmd, cwd=folder, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        out, _ = await proc.communicate()
+        return int(proc.returncode or 0), out.decode(errors="replace"), None
     log = os.open(os.path.join(folder, "output.log"), os.O_WRONLY | os.O_CREAT, 0o600)
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=folder,
+    wrapped = [sys.executable, "-c", _RECORD_RC, os.path.join(folder, "rc"), *cmd]
+    proc = subprocess.Popen(wrapped, stdout=log, stderr=subprocess.STDOUT, cwd=folder,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     os.close(log)
     with open(os.path.join(folder, "pid"), "w") as f:
-        f.write(str(proc.pid))
+        # With its start time, so a reused PID is not taken for the job.
+        f.write(f"{proc.pid} {_create_time(proc.pid)}")
     return 0, f"started {shlex.join(cmd)}\n", job
 
 
 def _read_job(job: str) -> tuple[str, bool]:
+    """On the head: (the job's output so far, whether it still runs)."""
+    import psutil
+
     folder = os.path.join(_jobs_dir(), job)
     with open(os.path.join(folder, "output.log"), errors="replace") as f:
         text = f.read()
+    if os.path.exists(os.path.join(folder, "rc")):
+        return text, False
     with open(os.path.join(folder, "pid")) as f:
-        pid = int(f.read())
+        pid_s, _, created = f.read().partition(" ")
     try:
-        os.kill(pid, 0)
-        running = True
-    except OSError:
+        # No rc file yet: the wrapper is running, or was killed; a zombie has ended.
+        proc = psutil.Process(int(pid_s))
+        running = (proc.status() != psutil.STATUS_ZOMBIE
+                   and (not created or abs(proc.create_time() - float(created)) < 1.0))
+    except psutil.NoSuchProcess:
         running = False
     return text, running
+
+
+def _create_time(pid: int) -> float:
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
+        return time.time()

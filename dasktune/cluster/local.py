@@ -127,6 +127,7 @@ class LocalProvider(ClusterProvider):
 
     def up(self, *, restart_only: bool = False, timeout: float = 120.0,
            progress: Progress = _quiet) -> dict[str, Any]:
+        old: dict[str, Any] = {}
         if self.state.exists():
             old = self.state.read()
             sched = [r for r in old.get("processes", []) if r["role"] == "scheduler"]
@@ -145,8 +146,12 @@ class LocalProvider(ClusterProvider):
         tls_args = _tls_args(tls)
         sched_file = self.state.dir / "scheduler.json"
         sched_file.unlink(missing_ok=True)
+        # Detached jobs outlive a restart of the Dask processes: keep their records (and
+        # the cluster file's path) so `logs` reads them and `down` still stops them.
         state: dict[str, Any] = {"name": self.name, "provider": "local", "processes": [],
-                                 "jobs": [], "tls": tls}
+                                 "jobs": old.get("jobs", []), "tls": tls}
+        if old.get("config_path"):
+            state["config_path"] = old["config_path"]
         self.state.write(state)
         try:
             sched = self._spawn(
@@ -167,9 +172,10 @@ class LocalProvider(ClusterProvider):
             self._start_workers(state, self._n_workers)
             self.wait_for_workers(self._n_workers, timeout, progress)
         except BaseException:
-            # Leave nothing behind: a failed up is as clean as a down.
-            _stop_all(state["processes"])
-            self.state.remove()
+            # Leave nothing behind: a failed up is as clean as a down, except for the
+            # logs the error points to.
+            _stop_all(state["processes"] + state["jobs"])
+            self.state.remove(keep_logs=True)
             raise
         return state
 

@@ -1,7 +1,8 @@
 """Graceful retirement of spot / preemptible workers when the cloud announces the end.
 
 AWS gives about two minutes' notice at ``/latest/meta-data/spot/instance-action`` (404 until
-then); GCP about 30 s at ``/computeMetadata/v1/instance/preempted`` (``TRUE`` once preempted).
+then; read with an IMDSv2 token, plain IMDSv1 if no token is issued); GCP about 30 s at
+``/computeMetadata/v1/instance/preempted`` (``TRUE`` once preempted).
 The plugin polls that URL on each worker and, on a notice, asks the scheduler to retire the
 worker, so its tasks and trial actors move before the VM disappears.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -24,6 +26,7 @@ _URLS = {
     "aws": "http://169.254.169.254/latest/meta-data/spot/instance-action",
     "gcp": "http://metadata.google.internal/computeMetadata/v1/instance/preempted",
 }
+_TOKEN_PATH = "/latest/api/token"  # AWS IMDSv2, on the same server as the notice
 
 
 def notice_url(provider: str) -> str:
@@ -34,9 +37,30 @@ def notice_url(provider: str) -> str:
         raise ValueError(f"provider must be one of {sorted(_URLS)}, got {provider!r}") from None
 
 
+def _imds_token(url: str, timeout: float) -> str | None:
+    """An IMDSv2 session token from the metadata server that serves ``url``, or None.
+
+    Instances that require IMDSv2 answer 401 to a plain GET; ones that only speak IMDSv1
+    (or a server without the token endpoint) fail the PUT, and the GET goes without it.
+    """
+    parts = urllib.parse.urlsplit(url)
+    token_url = urllib.parse.urlunsplit((parts.scheme, parts.netloc, _TOKEN_PATH, "", ""))
+    req = urllib.request.Request(token_url, method="PUT",
+                                 headers={"X-aws-ec2-metadata-token-ttl-seconds": "300"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - fixed URL
+            return resp.read().decode().strip() or None
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
 def _read_notice(url: str, provider: str, timeout: float) -> bool:
     """Whether the metadata server currently announces an interruption (blocking)."""
-    headers = {"Metadata-Flavor": "Google"} if provider == "gcp" else {}
+    if provider == "gcp":
+        headers = {"Metadata-Flavor": "Google"}
+    else:
+        token = _imds_token(url, timeout)
+        headers = {"X-aws-ec2-metadata-token": token} if token else {}
     req = urllib.request.Request(url, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - fixed URL

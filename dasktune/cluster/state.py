@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,8 @@ class ClusterState:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = self.path.with_suffix(".json.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        # O_CREAT's mode does not apply to a stale temp file left with wider permissions.
+        os.fchmod(fd, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump(state, f, indent=2, sort_keys=True)
         os.replace(tmp, self.path)
@@ -62,8 +65,23 @@ class ClusterState:
         self.write(state)
         return state
 
-    def remove(self) -> None:
+    def remove(self, *, keep_logs: bool = False) -> None:
+        """Forget the cluster: its state file and private folder (TLS keys, logs).
+
+        ``keep_logs`` keeps the ``*.log`` files (a failed ``up`` points to them) and
+        removes the rest, keys included.
+        """
         self.path.unlink(missing_ok=True)
+        if not self.dir.is_dir():
+            return
+        if not keep_logs:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            return
+        for entry in self.dir.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            elif entry.suffix != ".log":
+                entry.unlink(missing_ok=True)
 
     def private_file(self, name: str) -> Path:
         """A path in the private folder; the file is created empty with mode 0600."""
