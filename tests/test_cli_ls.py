@@ -48,5 +48,5 @@ def test_ls_on_a_missing_folder_is_one_clear_line(tmp_path):
     missing = str(tmp_path / "nowhere")
     r = _dasktune("ls", missing)
     assert r.returncode != 0
-    assert r.stderr.strip().splitlines() == [f"Error: no such folder: {missing}"]
+    assert r.stderr.strip().splitlines() == [f"error: no such folder: {missing}"]
     assert "Traceback" not in r.stderr and r.stdout == ""

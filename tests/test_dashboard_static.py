@@ -144,4 +144,5 @@ def test_cli_dashboard_names_a_missing_folder(tmp_path):
     out = subprocess.run([exe, "dashboard", str(tmp_path / "nope")], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode != 0
-    assert "nope" in out.stderr and "Traceback" not in out.stderr
+    assert out.stderr.startswith("error: ") and "nope" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -59,8 +59,9 @@ def ls(ctx: click.Context, path: str, trials: bool) -> None:
     """
     try:
         experiments = _experiments_under(path)
-    except click.ClickException:
-        raise
+    except click.ClickException as exc:  # one "error: ..." line, as every command prints
+        _fail(ctx, RuntimeError(exc.message))
+        return
     except Exception as exc:  # noqa: BLE001
         _fail(ctx, exc)
         return
@@ -96,9 +97,12 @@ def serve_experiments(path: str, port: int = 0, open_browser: bool = False,
     """
     from dasktune.dashboard import serve_static
 
-    found = _experiments_under(path)
+    try:
+        found = _experiments_under(path)
+    except click.ClickException as exc:
+        raise FileNotFoundError(exc.message) from None
     if not found:
-        raise click.ClickException(f"no experiments under {path}")
+        raise FileNotFoundError(f"no experiments under {path}")
     server, url = serve_static([storage.uri for storage, _state in found], port)
     click.echo(f"serving {len(found)} experiment(s) from {path} at {url}  (Ctrl-C stops)")
     sys.stdout.flush()
