@@ -104,9 +104,16 @@ class TrialActor:
                     self._cond.notify_all()
                 return
 
-    async def poll(self, ack: int, wait: float = 0.2) -> dict[str, Any]:
-        """Drop reports up to ``ack``; return the next ones (waiting up to ``wait`` s)."""
+    async def poll(self, ack: int, wait: float = 0.2, attempt: str | None = None
+                   ) -> dict[str, Any]:
+        """Drop reports up to ``ack``; return the next ones (waiting up to ``wait`` s).
+
+        ``attempt`` (``"<trial_id>:<attempt>"``) fences a late poll of the attempt this
+        actor ran before it was reused: its ``ack`` must not drop the new attempt's reports.
+        """
         assert self._wakeup is not None
+        if attempt is not None and attempt != f"{self.spec.trial_id}:{self.spec.attempt}":
+            return {"reports": [], "finished": False, "error": None}
         self._last_poll = time.monotonic()
         with self._cond:
             self._acked = max(self._acked, ack)

@@ -430,19 +430,23 @@ class DaskExecutor:
             if tid in self._pending_stop:
                 await self._call_quiet(run, "stop", self._pending_stop.pop(tid))
             ack = 0
+            fence = f"{tid}:{attempt}"
             while True:
-                reply = await self._call(run, "poll", ack, self._poll_wait,
+                reply = await self._call(run, "poll", ack, self._poll_wait, fence,
                                          timeout=self._poll_wait + 30.0)
                 reports = reply["reports"]
                 if reports:
                     ack = reports[-1][0]
+                if reply["finished"]:
+                    # Before the event: the driver may release the attempt at once, and
+                    # only a finished actor goes back to the pool for the next trial.
+                    run.finished = True
                 if reports or reply["finished"]:
                     kind = FINISHED if reply["finished"] else REPORTS
                     self._events.put(ExecEvent(kind, tid, attempt, reports=reports,
                                                error=reply["error"]))
                 if reply["finished"]:
-                    await self._call_quiet(run, "poll", ack, 0)  # let it drop the last batch
-                    run.finished = True
+                    await self._call_quiet(run, "poll", ack, 0, fence)  # drop the last batch
                     return
         except asyncio.CancelledError:
             raise

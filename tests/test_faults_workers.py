@@ -226,6 +226,21 @@ def assert_one_lineage(trial_dir: str, iters: int) -> list[dict[str, Any]]:
     return rows
 
 
+def committed_before(trial_dir: str, t: float) -> int:
+    """The newest checkpoint's iteration whose commit manifest was written before ``t``."""
+    from dasktune.storage import MANIFEST
+
+    newest = 0
+    for name in os.listdir(trial_dir):
+        path = os.path.join(trial_dir, name, MANIFEST)
+        if name.startswith("checkpoint_") and os.path.exists(path):
+            with open(path) as f:
+                manifest = json.load(f)
+            if manifest["committed_at"] < t:
+                newest = max(newest, int(manifest["training_iteration"]))
+    return newest
+
+
 def sigkill(proc) -> float:
     t = time.time()
     os.kill(proc.pid, signal.SIGKILL)
@@ -326,6 +341,7 @@ def test_host_killed_more_often_than_allowed_failures(cluster, tmp_path):
         run_config=tune.RunConfig(name="allowed", storage_path=str(tmp_path / "results"),
                                   verbose=0))
     thread, out = run_in_thread(tuner.fit)
+    killed_at = []
     for n in range(kills):
         def running(n: int = n) -> Any:
             # The (n+1)-th attempt that ran the trainable, past iteration 3(n+1).
@@ -338,7 +354,7 @@ def test_host_killed_more_often_than_allowed_failures(cluster, tmp_path):
                 return None
             return next(p for p in procs.workers if p.pid == a["pid"])
         proc = wait_for(running, timeout=60, what=f"attempt {n + 1} past iteration {3 * (n + 1)}")
-        sigkill(proc)
+        killed_at.append(sigkill(proc))
         procs.add_worker("--no-nanny")
     results = join(thread, out)
     (trial,) = results._trials
@@ -349,8 +365,12 @@ def test_host_killed_more_often_than_allowed_failures(cluster, tmp_path):
     assert_one_lineage(d, iters)
     attempts = read_jsonl(os.path.join(d, "attempts.jsonl"))
     assert len(attempts) == kills + 1
-    # Each resumed attempt starts after the newest checkpoint (every k=2) before its kill.
-    assert [a["start"] for a in attempts] == [1, 3, 7, 9]
+    # Each resumed attempt starts right after the newest checkpoint (every k=2) committed
+    # before its kill (an iteration executed but not yet committed when the worker died
+    # is re-run, never skipped).
+    want = [1] + [committed_before(d, t) + 1 for t in killed_at]
+    assert [a["start"] for a in attempts] == want
+    assert all(b > a for a, b in zip(want, want[1:]))
 
 
 # ------------------------------------------------------------- 3. frozen worker
