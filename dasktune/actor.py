@@ -141,7 +141,7 @@ class TrialActor:
         """Take a new attempt (of any trial) once the previous one has ended."""
         if self._thread is not None and self._thread.is_alive():
             raise RuntimeError("the previous trial of this actor is still running")
-        kept = getattr(self, "_kept", None)
+        kept = self._kept
         self.__init__(spec, self._params)  # type: ignore[misc]
         if kept is not None:
             if spec.reuse_instance and type(kept) is self.spec.trainable:
@@ -151,7 +151,7 @@ class TrialActor:
 
     async def close(self) -> None:
         """The actor is being dropped: clean up an instance kept for reuse."""
-        kept, self._kept = getattr(self, "_kept", None), None
+        kept, self._kept = self._kept, None
         if kept is not None:
             await asyncio.to_thread(kept.stop)
 

@@ -38,7 +38,7 @@ from dasktune.executor import (
 )
 from dasktune.logger import EXPR_ERROR_FILE
 from dasktune.result import EARLY_STOPPED, SHOULD_CHECKPOINT
-from dasktune.results import TuneError
+from dasktune.results import AUTO_RESULT_KEYS, TuneError
 from dasktune.session import TrialSpec
 from dasktune.storage import StorageError
 from dasktune.trial import ERROR, PAUSED, PENDING, RUNNING, TERMINATED, Placement, Trial
@@ -440,7 +440,11 @@ class TuneController:
             if it <= trial.logged_iteration:
                 continue  # re-executed after a restart: logged once already
             self.num_reports += 1
-            if self.metric is not None and not self._has_metrics(trial, result):
+            # Like Ray, a result with only auto-filled keys (a bare ``{"done": True}`` from
+            # step() or a returned dict) carries no metric: not checked, not judged.
+            auto_only = all(k in AUTO_RESULT_KEYS for k in result)
+            if self.metric is not None and not auto_only and \
+                    not self._has_metrics(trial, result):
                 continue
             trial.update_last_result(result)
             trial.logged_iteration = it
@@ -462,7 +466,7 @@ class TuneController:
                     self._action.pop(trial.trial_id)
                     self._apply(trial, "STOP_DONE", result)
                 continue
-            if self._only_auto_keys(result):
+            if auto_only:
                 decision = None  # nothing for a scheduler to judge (as Ray's ASHA skips it)
             else:
                 decision = self.scheduler.on_trial_result(self._ctx, trial, result)
@@ -484,17 +488,7 @@ class TuneController:
                 "is checkpointed only when it passes checkpoint= to tune.report; ignored",
                 trial.trial_id)
 
-    @staticmethod
-    def _only_auto_keys(result: dict[str, Any]) -> bool:
-        from dasktune.results import AUTO_RESULT_KEYS
-
-        return all(k in AUTO_RESULT_KEYS for k in result)
-
     def _has_metrics(self, trial: Trial, result: dict[str, Any]) -> bool:
-        # Like Ray, a result with only auto-filled keys (a bare ``{"done": True}`` from
-        # step() or a returned dict) is not checked: it carries no metrics at all.
-        if self._only_auto_keys(result):
-            return True
         metrics = self.metric if isinstance(self.metric, (list, tuple)) else [self.metric]
         for m in metrics:
             if m not in result:

@@ -160,12 +160,25 @@ def _open(path: str, storage_filesystem: Any, storage_options: dict[str, Any] | 
 def can_restore(path: str, storage_filesystem: Any = None,
                 storage_options: dict[str, Any] | None = None) -> bool:
     """Whether ``path`` holds the state and ``tuner.pkl`` of an experiment."""
+    return _try_open(path, storage_filesystem, storage_options) is not None
+
+
+def _holds_experiment(storage: ExperimentStorage) -> bool:
     try:
-        storage = _open(path, storage_filesystem, storage_options)
         return storage.exists(storage.path(STATE_FILE)) and storage.exists(
             storage.path(TUNER_FILE))
     except Exception:  # noqa: BLE001 - unreachable or malformed: not restorable
         return False
+
+
+def _try_open(path: str, storage_filesystem: Any, storage_options: dict[str, Any] | None
+              ) -> ExperimentStorage | None:
+    """The storage at ``path`` if it reaches a restorable experiment there, else None."""
+    try:
+        storage = _open(path, storage_filesystem, storage_options)
+    except Exception:  # noqa: BLE001 - unreachable or malformed: not restorable
+        return None
+    return storage if _holds_experiment(storage) else None
 
 
 def read_state(storage: ExperimentStorage) -> dict[str, Any]:
@@ -184,7 +197,7 @@ def load(path: str, *, storage_filesystem: Any = None,
     from dasktune.tuner_build import make_scheduler, make_search_alg
 
     storage = _open(path, storage_filesystem, storage_options)
-    if not can_restore(path, storage_filesystem, storage_options):
+    if not _holds_experiment(storage):
         raise ValueError(f"no restorable experiment at {storage.uri!r} "
                          f"(expected {STATE_FILE} and {TUNER_FILE} there)")
     static = cloudpickle.loads(storage.read_bytes(storage.path(TUNER_FILE)))
@@ -199,8 +212,7 @@ def load(path: str, *, storage_filesystem: Any = None,
         # The saved options (endpoints, regions, client settings) shape the restored
         # run's filesystem; credentials come from the usual places again. Kept only if
         # they still reach the experiment (a saved endpoint may be gone).
-        if can_restore(path, None, run_config.storage_options):
-            storage = _open(path, None, run_config.storage_options)
+        storage = _try_open(path, None, run_config.storage_options) or storage
     # Storage is where the experiment is now (it may have been moved or copied).
     run_config.name = storage.name
     uid = static["uid"]

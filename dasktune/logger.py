@@ -156,9 +156,12 @@ class _PerTrialFiles(LoggerCallback):
         self._close_pending()
 
     def log_trial_end(self, trial: Trial, failed: bool = False) -> None:
-        fh = self._files.pop(trial.trial_id, None)
+        self._end_file(trial.trial_id)
+
+    def _end_file(self, trial_id: str) -> None:
+        fh = self._files.pop(trial_id, None)
         if fh is not None:
-            self._close_file(trial.trial_id, fh)
+            self._close_file(trial_id, fh)
 
     def _close_everything(self) -> None:
         """At the experiment's end: close every file, keeping what cannot be uploaded."""
@@ -385,14 +388,6 @@ class TBXLoggerCallback(_PerTrialFiles):
             event = Event(wall_time=time.time(), step=0, summary=summary)
             fh.write(_tf_record(event.SerializeToString()))
 
-    def _close(self, trial_id: str) -> None:
-        fh = self._files.pop(trial_id, None)
-        if fh is not None:
-            self._close_file(trial_id, fh)
-
-    def _close_all(self) -> None:
-        self._close_everything()
-
     # ------------------------------------------------------------ driver side
     def log_trial_result(self, iteration: int, trial: Trial, result: dict[str, Any]) -> None:
         step = int(result.get("training_iteration", iteration))
@@ -424,7 +419,7 @@ class TBXLoggerCallback(_PerTrialFiles):
                 else:
                     hp[key] = str(value)
             self._submit(lambda: self._write_hparams(ref, hp, metrics))
-        self._submit(lambda: self._close(ref.trial_id))
+        self._submit(lambda: self._end_file(ref.trial_id))
 
     def flush(self) -> None:
         if self._unflushed:
@@ -432,7 +427,7 @@ class TBXLoggerCallback(_PerTrialFiles):
             self._submit(super().flush)
 
     def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
-        self._submit(self._close_all)
+        self._submit(self._close_everything)
         thread = self._thread
         self._jobs.put(None)
         if thread is not None:

@@ -103,12 +103,8 @@ class EvacuatePlugin(WorkerPlugin):
                                      "time": time.time()})
         except Exception:  # noqa: BLE001 - the scheduler also sees the status change
             pass
-        from dask.utils import parse_timedelta
-
-        # Default below the 8 s a nanny gives Worker.close: the rest of close needs time.
-        limit = float(parse_timedelta(_dask_config.get("executor.evacuate-timeout", "6s"),
-                                      default="s"))
-        deadline = time.monotonic() + limit
+        # Default (6 s) below the 8 s a nanny gives Worker.close: the rest of close needs time.
+        deadline = time.monotonic() + _dask_config.get_seconds("executor.evacuate-timeout")
         while _busy(worker) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
 

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from dasktune.executor import FINISHED, LOST, REPORTS, STARTED, WORKER_LOST, ExecEvent
 from dasktune.session import stop_dict_hit
+from dasktune.trainable import Trainable
 
 if TYPE_CHECKING:
     from dasktune.callback import Callback
@@ -453,16 +454,12 @@ class SimulatedExecutor:
         return result
 
 
-def _simulated_trainable() -> type:
+class _SimulatedTrainable(Trainable):
     """Stands in for the user's trainable (the simulated executor never runs it): a
     class, since a simulated trial checkpoints whenever asked, as a class trainable does."""
-    from dasktune.trainable import Trainable
 
-    class SimulatedTrainable(Trainable):
-        def setup(self, config: dict[str, Any]) -> None:
-            raise RuntimeError("a simulated trial does not run its trainable")
-
-    return SimulatedTrainable
+    def setup(self, config: dict[str, Any]) -> None:
+        raise RuntimeError("a simulated trial does not run its trainable")
 
 
 def run_simulated(trainable_name: str, param_space: Mapping[str, Any],
@@ -529,7 +526,7 @@ def run_simulated(trainable_name: str, param_space: Mapping[str, Any],
     reporter = tuner_build.make_reporter(rc, tc) if rc.verbose or rc.progress_reporter \
         else None
     controller = TuneController(
-        trainable=_simulated_trainable(),
+        trainable=_SimulatedTrainable,
         trainable_name=trainable_name,
         storage=storage,
         search_alg=search_alg,

@@ -203,10 +203,9 @@ def _hostname() -> str:
 @functools.cache
 def _node_ip() -> str:
     """This host's IP, looked up once per process (train() runs per step)."""
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"
+    from dasktune.session import _node_ip as lookup
+
+    return lookup("")
 
 
 # ------------------------------------------------------------------ wrappers

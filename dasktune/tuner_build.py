@@ -73,8 +73,7 @@ def check_checkpoint_config(trainable: Any, checkpoint_config: CheckpointConfig 
 
     core, _, _ = unwrap(trainable)
     cc = checkpoint_config
-    # Not callable: a stand-in such as the simulator's trainable name.
-    if cc is None or is_class_trainable(core) or not callable(core):
+    if cc is None or is_class_trainable(core):
         return
     for option, value in (("checkpoint_frequency", cc.checkpoint_frequency),
                           ("checkpoint_at_end", cc.checkpoint_at_end)):

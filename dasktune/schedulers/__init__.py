@@ -45,11 +45,8 @@ _UNAVAILABLE = ("hb_bohb", "pbt_replay", "pb2", "resource_changing")
 def create_scheduler(scheduler: str, **kwargs: Any) -> TrialScheduler:
     """Build a scheduler from its Ray short name, e.g. ``create_scheduler("async_hyperband",
     metric="loss", mode="min")``."""
-    if not isinstance(scheduler, str):
-        raise TypeError(f"create_scheduler needs a scheduler name, got {scheduler!r}")
-    key = scheduler.lower()
-    if key in _UNAVAILABLE:
-        raise ValueError(f"the scheduler {scheduler!r} is not available in dasktune")
-    if key not in SCHEDULER_IMPORT:
-        raise ValueError(f"unknown scheduler {scheduler!r}; known: {sorted(SCHEDULER_IMPORT)}")
+    from dasktune._names import resolve_short_name
+
+    key = resolve_short_name("create_scheduler", "scheduler", scheduler, SCHEDULER_IMPORT,
+                             _UNAVAILABLE)
     return SCHEDULER_IMPORT[key](**kwargs)

@@ -42,15 +42,10 @@ def create_searcher(search_alg: str, **kwargs: Any) -> SearchAlgorithm | Searche
     ``"optuna"`` an :class:`~dasktune.search.optuna.OptunaSearch`; ``kwargs`` go to the
     constructor, e.g. ``create_searcher("optuna", metric="loss", mode="min")``.
     """
-    if not isinstance(search_alg, str):
-        raise TypeError(f"create_searcher needs a search algorithm name, got {search_alg!r}")
-    key = search_alg.lower()
-    if key in _UNAVAILABLE:
-        raise ValueError(f"the search algorithm {search_alg!r} is not available in dasktune")
-    if key not in _SEARCHERS:
-        raise ValueError(
-            f"unknown search algorithm {search_alg!r}; known: {sorted(_SEARCHERS)}"
-        )
+    from dasktune._names import resolve_short_name
+
+    key = resolve_short_name("create_searcher", "search algorithm", search_alg, _SEARCHERS,
+                             _UNAVAILABLE)
     if key == "optuna":
         from dasktune.search.optuna import OptunaSearch
 
