@@ -16,15 +16,11 @@ import logging
 import math
 import numbers
 import pickle
-import queue
 import socket
-import struct
-import threading
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
-from dasktune import _dask_config
+from dasktune import _dask_config, _tfevents
 from dasktune.callback import Callback
 from dasktune.storage import AppendFile, StorageError, _json_default
 
@@ -224,11 +220,21 @@ class JsonLoggerCallback(_PerTrialFiles):
         super().on_experiment_end(trials, **info)
 
     def log_trial_result(self, iteration: int, trial: Trial, result: dict[str, Any]) -> None:
-        line = json.dumps(result, default=_json_default, allow_nan=True)
-        self._file(trial).write(line.encode() + b"\n")
+        self._file(trial).write(_ENCODER.encode(result).encode() + b"\n")
+
+
+# One encoder for every line: json.dumps(default=...) builds a new one per call.
+_ENCODER = json.JSONEncoder(default=_json_default, allow_nan=True)
 
 
 def flatten_dict(d: dict[str, Any], prefix: str = "", delimiter: str = "/") -> dict[str, Any]:
+    """Nested dicts as one level, keys joined with ``delimiter`` (Ray's ``a/b``)."""
+    if not prefix:
+        for value in d.values():
+            if isinstance(value, dict):
+                break
+        else:  # already flat (the usual result): no per-key rebuilding
+            return {k if k.__class__ is str else str(k): v for k, v in d.items()}
     out: dict[str, Any] = {}
     for key, value in d.items():
         name = f"{prefix}{delimiter}{key}" if prefix else str(key)
@@ -247,6 +253,10 @@ class CSVLoggerCallback(_PerTrialFiles):
     def __init__(self) -> None:
         super().__init__()
         self._fields: dict[str, list[str]] = {}
+        # One reused row buffer and writer (csv quoting rules, without a DictWriter
+        # and a StringIO per row).
+        self._buf = io.StringIO()
+        self._writer = csv.writer(self._buf)
 
     def _fields_for(self, trial: Trial, flat: dict[str, Any]) -> tuple[list[str], bool]:
         fields = self._fields.get(trial.trial_id)
@@ -270,11 +280,12 @@ class CSVLoggerCallback(_PerTrialFiles):
     def log_trial_result(self, iteration: int, trial: Trial, result: dict[str, Any]) -> None:
         flat = flatten_dict({k: v for k, v in result.items() if k != "config"})
         fields, header = self._fields_for(trial, flat)
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore")
+        buf = self._buf
+        buf.seek(0)
+        buf.truncate()
         if header:
-            writer.writeheader()
-        writer.writerow({k: flat.get(k, "") for k in fields})
+            self._writer.writerow(fields)
+        self._writer.writerow([flat.get(k, "") for k in fields])
         self._file(trial).write(buf.getvalue().encode())
 
     def log_trial_end(self, trial: Trial, failed: bool = False) -> None:
@@ -282,81 +293,50 @@ class CSVLoggerCallback(_PerTrialFiles):
         self._fields.pop(trial.trial_id, None)
 
 
-def _tf_record(data: bytes) -> bytes:
-    from tensorboardX.record_writer import masked_crc32c
-
-    header = struct.pack("Q", len(data))
-    return (header + struct.pack("I", masked_crc32c(header)) + data
-            + struct.pack("I", masked_crc32c(data)))
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
-class _TrialRef(NamedTuple):
-    """What the TensorBoard writer thread needs of a trial, taken when the result came."""
-
-    trial_id: str
-    path: str | None
-    attempt: int
+def _tb_step(result: dict[str, Any], iteration: int) -> int:
+    """The TensorBoard step of a result, as Ray picks it: ``timesteps_total`` when set,
+    else ``training_iteration``; truncated to an integer (as tensorboardX does) and
+    clamped to int64, the type of ``Event.step``."""
+    for key in ("timesteps_total", "training_iteration"):
+        value = result.get(key)
+        if value and isinstance(value, numbers.Real) and not isinstance(value, bool):
+            try:
+                return max(_INT64_MIN, min(_INT64_MAX, int(value)))
+            except (OverflowError, ValueError):  # inf / nan: not a step
+                continue
+    return int(iteration)
 
 
 class TBXLoggerCallback(_PerTrialFiles):
-    """TensorBoard event files: a scalar for every numeric metric at its
-    ``training_iteration`` (under ``ray/tune/`` as Ray names them), and the trial's
-    hyperparameters for the HParams tab when the trial ends.
+    """TensorBoard event files: a scalar for every numeric metric at the result's step
+    (``timesteps_total`` if reported, else ``training_iteration``; under ``ray/tune/``
+    as Ray names them), and the trial's hyperparameters for the HParams tab when the
+    trial ends.
 
-    Encoding and writing happen on a writer thread of the callback's own, as
-    tensorboardX's ``EventFileWriter`` does: importing tensorboardX takes seconds when
-    torch is installed (it imports torch), and that must not stall the driver's loop
-    while trials wait for their results to be taken. Every queued event is written
-    before :meth:`on_experiment_end` returns.
+    Events are encoded by :mod:`dasktune._tfevents`, not tensorboardX (whose import
+    pulls in torch, seconds of CPU per driver), in the driver's loop: a result costs
+    tens of microseconds, cheaper than handing it to a writer thread. Everything is
+    written by the time :meth:`on_experiment_end` returns.
     """
 
     filename = ""
     _SKIP = frozenset({"training_iteration", "timestamp", "pid", "done", "node_ip", "trial_id",
                        "experiment_tag", "date", "hostname", "worker", "config"})
-    _CLOSE_TIMEOUT = 300.0
 
     def __init__(self) -> None:
         super().__init__()
         self._names: dict[str, str] = {}
         self._last: dict[str, dict[str, float]] = {}
-        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._unflushed = False
 
-    def setup(self, *args: Any, storage: ExperimentStorage | None = None, **info: Any) -> None:
-        super().setup(*args, storage=storage, **info)
-        self._start()  # the import starts now, while the first trials are placed
-
-    # ------------------------------------------------------------ writer thread
-    def _start(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._write_loop, daemon=True,
-                                            name="dasktune-tensorboard")
-            self._thread.start()
-
-    def _submit(self, job: Callable[[], None]) -> None:
-        self._start()
-        self._jobs.put(job)
-
-    def _write_loop(self) -> None:
-        try:
-            import tensorboardX.proto.event_pb2  # noqa: F401 - the slow import, off the loop
-        except Exception as exc:  # noqa: BLE001 - reported per job below
-            logger.warning("TensorBoard logging is off: %s", exc)
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            try:
-                job()
-            except Exception as exc:  # noqa: BLE001 - a logger never fails the experiment
-                logger.warning("TensorBoard logging failed: %s", exc)
-
-    def _file(self, trial: Trial | _TrialRef) -> AppendFile:
+    def _file(self, trial: Trial) -> AppendFile:
         fh = self._files.get(trial.trial_id)
         if fh is None:
-            from tensorboardX.proto.event_pb2 import Event
-
+            # A restarted trial takes back its unclosed file (see _PerTrialFiles._file).
+            fh = self._closing.pop(trial.trial_id, None)
+        if fh is None:
             assert self.storage is not None and trial.path
             name = self._names.setdefault(
                 trial.trial_id,
@@ -364,78 +344,49 @@ class TBXLoggerCallback(_PerTrialFiles):
             )
             fh = self.storage.open_append(f"{trial.path}/{name}")
             if fh.tell() == 0:
-                fh.write(_tf_record(Event(wall_time=time.time(),
-                                          file_version="brain.Event:2").SerializeToString()))
-            self._files[trial.trial_id] = fh
+                fh.write(_tfevents.tf_record(_tfevents.file_version_event(time.time())))
+        self._files[trial.trial_id] = fh
         return fh
 
-    def _write_scalars(self, ref: _TrialRef, wall: float, step: int,
-                       scalars: list[tuple[str, float]]) -> None:
-        from tensorboardX.proto.event_pb2 import Event
-        from tensorboardX.proto.summary_pb2 import Summary
-
-        values = [Summary.Value(tag=tag, simple_value=v) for tag, v in scalars]
-        event = Event(wall_time=wall, step=step, summary=Summary(value=values))
-        self._file(ref).write(_tf_record(event.SerializeToString()))
-
-    def _write_hparams(self, ref: _TrialRef, hp: dict[str, Any],
-                       metrics: dict[str, float]) -> None:
-        from tensorboardX.proto.event_pb2 import Event
-        from tensorboardX.summary import hparams
-
-        fh = self._file(ref)
-        for summary in hparams(hp, metrics):
-            event = Event(wall_time=time.time(), step=0, summary=summary)
-            fh.write(_tf_record(event.SerializeToString()))
-
-    # ------------------------------------------------------------ driver side
     def log_trial_result(self, iteration: int, trial: Trial, result: dict[str, Any]) -> None:
-        step = int(result.get("training_iteration", iteration))
+        step = _tb_step(result, iteration)
         flat = flatten_dict({k: v for k, v in result.items() if k not in self._SKIP})
         scalars = []
         for key, value in flat.items():
-            if isinstance(value, bool) or not isinstance(value, numbers.Number):
-                continue
-            value = float(value)
-            if math.isnan(value) or math.isinf(value):
-                continue
-            scalars.append((f"ray/tune/{key}", value))
+            if type(value) is not float:  # the common case skips the ABC check
+                if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                    continue
+                value = float(value)
+            if math.isfinite(value):
+                scalars.append((f"ray/tune/{key}", value))
         if not scalars:
             return
         self._last[trial.trial_id] = dict(scalars)
-        ref = _TrialRef(trial.trial_id, trial.path, trial.attempt)
-        wall = time.time()
-        self._submit(lambda: self._write_scalars(ref, wall, step, scalars))
-        self._unflushed = True
+        try:
+            self._file(trial).write(
+                _tfevents.tf_record(_tfevents.scalars_event(time.time(), step, scalars)))
+        except Exception as exc:  # noqa: BLE001 - a logger never fails the experiment
+            logger.warning("TensorBoard logging failed: %s", exc)
 
     def log_trial_end(self, trial: Trial, failed: bool = False) -> None:
-        ref = _TrialRef(trial.trial_id, trial.path, trial.attempt)
         metrics = self._last.pop(trial.trial_id, None)
         if metrics:
             hp: dict[str, Any] = {}
             for key, value in flatten_dict(trial.evaluated_params or trial.config).items():
-                if isinstance(value, (bool, str)) or isinstance(value, numbers.Number):
+                if isinstance(value, (bool, str)):
                     hp[key] = value
+                elif isinstance(value, numbers.Real):
+                    hp[key] = float(value)  # numpy scalars too, which tensorboardX drops
                 else:
                     hp[key] = str(value)
-            self._submit(lambda: self._write_hparams(ref, hp, metrics))
-        self._submit(lambda: self._end_file(ref.trial_id))
-
-    def flush(self) -> None:
-        if self._unflushed:
-            self._unflushed = False
-            self._submit(super().flush)
-
-    def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
-        self._submit(self._close_everything)
-        thread = self._thread
-        self._jobs.put(None)
-        if thread is not None:
-            thread.join(self._CLOSE_TIMEOUT)
-            if thread.is_alive():
-                logger.warning("TensorBoard files were still being written after %.0fs",
-                               self._CLOSE_TIMEOUT)
-        self._thread = None
+            try:
+                fh = self._file(trial)
+                wall = time.time()
+                for summary in _tfevents.hparams_summaries(hp, metrics):
+                    fh.write(_tfevents.tf_record(_tfevents.event(wall, 0, summary=summary)))
+            except Exception as exc:  # noqa: BLE001 - a logger never fails the experiment
+                logger.warning("TensorBoard logging failed: %s", exc)
+        super().log_trial_end(trial, failed)
 
 
 DEFAULT_LOGGERS = (JsonLoggerCallback, CSVLoggerCallback, TBXLoggerCallback)

@@ -1,12 +1,16 @@
 """TensorBoard event files read back with TensorBoard's own readers (issue 8).
 
-Scalars of every numeric metric at their ``training_iteration``, and the trial's
-hyperparameters in the HParams plugin's records, so the HParams tab compares trials.
+Scalars of every numeric metric at their step (``timesteps_total`` if reported, else
+``training_iteration``), and the trial's hyperparameters in the HParams plugin's records,
+so the HParams tab compares trials. The events are encoded without tensorboardX, whose
+import pulls in torch; these readers are the check of that encoding.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -60,3 +64,67 @@ def test_scalars_and_hparams_read_back(local_client, tmp_path):
         r = by_dir[run]
         assert hp["lr"] == pytest.approx(r.config["lr"])
         assert hp["arch"] == "mlp" and hp["opt/name"] == "sgd"
+
+
+def _scalars(path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(path)
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def train_steps(config):
+    # Ray's step: timesteps_total when reported (truncated, clamped to int64), else
+    # training_iteration.
+    for ts in (-7, 2.5, 2**40, 1e30, None):
+        metrics = {"損失": 0.25, "λ": {"ü": -3}}
+        if ts is not None:
+            metrics["timesteps_total"] = ts
+        tune.report(metrics)
+
+
+def test_unusual_steps_and_unicode_tags_read_back(local_client, tmp_path):
+    results = tune.Tuner(
+        train_steps,
+        run_config=tune.RunConfig(name="steps", storage_path=str(tmp_path), verbose=0),
+    ).fit()
+    assert results.num_terminated == 1
+    scalars = _scalars(results[0].path)
+    steps = [-7, 2, 2**40, 2**63 - 1, 5]
+    assert scalars["ray/tune/損失"] == [(s, 0.25) for s in steps]
+    assert scalars["ray/tune/λ/ü"] == [(s, -3.0) for s in steps]
+    assert [s for s, _ in scalars["ray/tune/timesteps_total"]] == steps[:4]
+    assert [v for _, v in scalars["ray/tune/timesteps_total"]] == pytest.approx(
+        [-7, 2.5, 2**40, 1e30], rel=1e-6)
+
+
+_FIT_IN_FRESH_DRIVER = """
+import sys
+import dasktune as tune
+
+def train(config):
+    for i in range(3):
+        tune.report({"loss": config["x"] * i})
+
+tune.init(num_cpus=1, dashboard_address="127.0.0.1:0")
+results = tune.Tuner(train, param_space={"x": tune.grid_search([1, 2])},
+                     run_config=tune.RunConfig(name="e", storage_path=sys.argv[1],
+                                               verbose=0)).fit()
+print("TRIALS", " ".join(r.path for r in results))
+print("IMPORTED", ",".join(m for m in ("torch", "tensorboardX") if m in sys.modules) or "-")
+tune.shutdown()
+"""
+
+
+def test_tensorboard_logging_imports_neither_tensorboardx_nor_torch(tmp_path):
+    # A fresh interpreter: the test process itself may have imported either already.
+    proc = subprocess.run([sys.executable, "-c", _FIT_IN_FRESH_DRIVER, str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
+    assert lines["IMPORTED"] == "-"
+    paths = lines["TRIALS"].split()
+    assert len(paths) == 2
+    for path in paths:
+        assert [s for s, _ in _scalars(path)["ray/tune/loss"]] == [1, 2, 3]
