@@ -12,7 +12,15 @@ from types import ModuleType
 from dasktune import _dask_config  # noqa: F401  (registers the dasktune: config section)
 from dasktune.callback import Callback
 from dasktune.checkpoint import Checkpoint
-from dasktune.config import CheckpointConfig, FailureConfig, RunConfig, TuneConfig
+from dasktune.config import (
+    CheckpointConfig,
+    FailureConfig,
+    PlacementGroupFactory,
+    RunConfig,
+    SyncConfig,
+    TuneConfig,
+)
+from dasktune.progress_reporter import CLIReporter, JupyterNotebookReporter, ProgressReporter
 from dasktune.results import Result, ResultGrid, TuneError
 from dasktune.runtime import init, is_initialized, shutdown
 from dasktune.session import get_checkpoint, get_context, report
@@ -57,8 +65,10 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | _SUBMODULES)
 
 __all__ = [
-    "Callback", "Checkpoint", "CheckpointConfig", "FailureConfig", "Result", "ResultGrid",
-    "RunConfig", "Stopper", "Trainable", "TuneConfig", "TuneError", "Tuner", "choice",
+    "CLIReporter", "Callback", "Checkpoint", "CheckpointConfig", "FailureConfig",
+    "JupyterNotebookReporter", "PlacementGroupFactory", "ProgressReporter", "Result",
+    "ResultGrid", "RunConfig", "Stopper", "SyncConfig", "Trainable", "TuneConfig", "TuneError",
+    "Tuner", "choice",
     "get_checkpoint", "get_context", "grid_search", "init", "is_initialized", "lograndint",
     "loguniform", "qlograndint", "qloguniform", "qrandint", "qrandn", "quniform", "randint",
     "randn", "report", "sample_from", "shutdown", "uniform", "with_parameters",

@@ -73,6 +73,7 @@ class TrialActor:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup: asyncio.Event | None = None
+        self._wake_pending = False  # a wake-up is on its way to the poll
         self._last_poll = time.monotonic()
 
     # ------------------------------------------------------------ actor API
@@ -123,6 +124,7 @@ class TrialActor:
             empty = not self._buffer and not self._finished
             if empty:
                 self._wakeup.clear()
+                self._wake_pending = False
         if empty and wait > 0:
             try:
                 await asyncio.wait_for(self._wakeup.wait(), wait)
@@ -193,7 +195,10 @@ class TrialActor:
             self._seq += 1
             seq = self._seq
             self._buffer.append((seq, result, checkpoint_path))
-        self._wake()
+            # Wake the poll once per batch, not per report (each wake is a syscall).
+            wake, self._wake_pending = not self._wake_pending, True
+        if wake:
+            self._wake()
         if self.spec.sync_reports:
             with self._cond:  # until the driver has received it (acked by the next poll)
                 while self._acked < seq and not self._stop_now.is_set() and \

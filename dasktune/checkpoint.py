@@ -8,6 +8,7 @@ import os
 import posixpath
 import shutil
 import tempfile
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,6 +16,9 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from dasktune.storage import MANIFEST, redact, retry, transfer_kwargs
+
+# Where set_metadata stores the user's metadata, as Ray 2.x names it.
+METADATA_FILE = ".metadata.json"
 
 
 class Checkpoint:
@@ -93,12 +97,72 @@ class Checkpoint:
             shutil.rmtree(tmp, ignore_errors=True)
 
     def get_metadata(self) -> dict[str, Any]:
-        """The commit manifest's metadata (iteration, metrics) if committed."""
-        path = posixpath.join(self.path.rstrip("/"), MANIFEST)
+        """The metadata stored with the checkpoint, ``{}`` if there is none (Ray's API).
+
+        That is what :meth:`set_metadata` / :meth:`update_metadata` stored (in the hidden
+        ``.metadata.json`` of the folder, as Ray does), on top of what dasktune records
+        when it commits a checkpoint (``training_iteration``, ``checkpoint_index``, the
+        metrics...); the user's keys win where both have one.
+        """
+        committed = self._read_json(MANIFEST, broken_ok=True)
+        committed.pop("files", None)  # the commit's file list is bookkeeping, not metadata
+        return {**committed, **self._read_json(METADATA_FILE)}
+
+    def set_metadata(self, metadata: dict[str, Any]) -> None:
+        """Store ``metadata`` (a JSON-serializable dict) with the checkpoint, replacing
+        what :meth:`set_metadata` stored before."""
+        if not isinstance(metadata, dict):
+            raise TypeError(f"metadata must be a dict, got {type(metadata).__name__}")
+        data = json.dumps(metadata).encode()  # before writing: a bad value changes nothing
+        path = self._join(METADATA_FILE)
+        fs = self.filesystem
+        if self._is_local:
+            os.makedirs(self.path, exist_ok=True)
+            # write then rename: a reader never sees half a file
+            tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        else:
+            retry(lambda: fs.pipe_file(path, data), self.uri)
+        self._recommit(len(data))
+
+    def update_metadata(self, metadata: dict[str, Any]) -> None:
+        """Merge ``metadata`` into what :meth:`set_metadata` stored before."""
+        if not isinstance(metadata, dict):
+            raise TypeError(f"metadata must be a dict, got {type(metadata).__name__}")
+        self.set_metadata({**self._read_json(METADATA_FILE), **metadata})
+
+    def _join(self, name: str) -> str:
+        if self._is_local:
+            return os.path.join(self.path, name)
+        return posixpath.join(self.path.rstrip("/"), name)
+
+    def _read_json(self, name: str, broken_ok: bool = False) -> dict[str, Any]:
+        """The dict in the checkpoint's file ``name``; ``{}`` if there is none."""
+        path = self._join(name)
         try:
-            return json.loads(retry(lambda: self.filesystem.cat_file(path), self.uri))
+            raw = retry(lambda: self.filesystem.cat_file(path), self.uri)
         except FileNotFoundError:
             return {}
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            if broken_ok:  # a commit manifest half-written by a writer that died
+                return {}
+            raise ValueError(f"{redact(self.uri)}: {name} is not valid JSON") from None
+        return value if isinstance(value, dict) else {}
+
+    def _recommit(self, size: int) -> None:
+        """Record the metadata file's new size in a committed checkpoint's manifest, so
+        the checkpoint still verifies as complete (its manifest lists every file's size)."""
+        manifest = self._read_json(MANIFEST, broken_ok=True)
+        files = manifest.get("files")
+        if not isinstance(files, dict) or files.get(METADATA_FILE) == size:
+            return
+        files[METADATA_FILE] = size
+        data = json.dumps(manifest).encode()
+        retry(lambda: self.filesystem.pipe_file(self._join(MANIFEST), data), self.uri)
 
     def __fspath__(self) -> str:  # lets users pass it where a path is expected, when local
         return self.path

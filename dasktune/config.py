@@ -1,4 +1,5 @@
-"""``TuneConfig``, ``RunConfig``, ``CheckpointConfig``, ``FailureConfig``: validated dataclasses.
+"""``TuneConfig``, ``RunConfig``, ``CheckpointConfig``, ``FailureConfig``, ``SyncConfig``:
+validated dataclasses; and ``PlacementGroupFactory``, Ray's way to ask for a trial's resources.
 
 Names, fields and defaults follow Ray Tune's. Validation that needs nothing but the
 values happens in ``__post_init__``, so a mistake is raised where it is written.
@@ -7,9 +8,12 @@ values happens in ``__post_init__``, so a mistake is raised where it is written.
 from __future__ import annotations
 
 import datetime
+import math
 import os
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from numbers import Real
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
@@ -115,6 +119,134 @@ class FailureConfig:
             raise ValueError("FailureConfig: max_failures must be >= -1")
 
 
+# Option names already warned about, so a script building configs in a loop warns once.
+_SYNC_WARNED: set[str] = set()
+
+
+@dataclass
+class SyncConfig:
+    """Accepted for Ray compatibility (Ray's ``tune.SyncConfig``); syncing has no effect.
+
+    dasktune writes results, experiment state and checkpoints straight to
+    ``RunConfig.storage_path`` (any fsspec store) instead of syncing a local copy, so
+    ``sync_period``, ``sync_timeout`` and ``sync_artifacts_on_checkpoint`` change nothing.
+    ``sync_artifacts=True`` warns once: files a trial writes to
+    ``get_context().get_trial_dir()`` are in storage only when storage is local; with a
+    remote store, put them in a checkpoint. ``upload_dir``/``syncer`` (removed from Ray)
+    warn once too.
+    """
+
+    sync_period: float = 300
+    sync_timeout: float = 1800
+    sync_artifacts: bool = False
+    sync_artifacts_on_checkpoint: bool = True
+    upload_dir: str | None = None
+    syncer: Any = None
+    sync_on_checkpoint: bool | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("sync_period", "sync_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, Real) or value < 0:
+                raise ValueError(f"SyncConfig: {name} must be a number >= 0, got {value!r}")
+        if self.sync_artifacts:
+            _warn_sync_once(
+                "sync_artifacts",
+                "SyncConfig(sync_artifacts=True) has no effect in dasktune: files written to "
+                "get_context().get_trial_dir() reach storage only when storage_path is local; "
+                "with a remote store, save them in a checkpoint (tune.report(..., "
+                "checkpoint=...)).",
+            )
+        for name in ("upload_dir", "syncer", "sync_on_checkpoint"):
+            if getattr(self, name) is not None:
+                _warn_sync_once(
+                    name,
+                    f"SyncConfig({name}=...) is ignored (Ray removed it): dasktune writes "
+                    "straight to RunConfig(storage_path=...); set the destination there.",
+                )
+
+
+def _warn_sync_once(option: str, message: str) -> None:
+    if option in _SYNC_WARNED:
+        return
+    _SYNC_WARNED.add(option)
+    warnings.warn(message, UserWarning, stacklevel=4)
+
+
+_PG_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+class PlacementGroupFactory(Mapping[str, float]):
+    """A trial's resources as Ray's bundles: ``PlacementGroupFactory([{"CPU": 2, "GPU": 1},
+    {"CPU": 1}])`` (Ray's ``tune.PlacementGroupFactory``).
+
+    A trial runs as one Dask actor on one worker, so the bundles' resources are summed
+    (:attr:`required_resources`: ``{"CPU": 3.0, "GPU": 1.0}``) and the whole trial is
+    placed where that sum fits, whatever ``strategy`` says. The factory reads as that
+    summed dict, so ``tune.with_resources(train, pgf)`` and a Trainable's
+    ``default_resource_request`` returning one work as with a plain dict.
+    """
+
+    def __init__(self, bundles: Sequence[Mapping[str, float]], strategy: str = "PACK",
+                 *args: Any, **kwargs: Any) -> None:
+        # *args/**kwargs: Ray forwards extra placement-group options; none apply to Dask
+        if isinstance(bundles, Mapping) or not isinstance(bundles, Sequence) or not bundles:
+            raise ValueError(
+                f"PlacementGroupFactory needs a non-empty list of bundle dicts, got {bundles!r}"
+            )
+        for i, bundle in enumerate(bundles):
+            if not isinstance(bundle, Mapping):
+                raise ValueError(f"PlacementGroupFactory: bundle {i} must be a dict, got {bundle!r}")
+            for key, value in bundle.items():
+                if isinstance(value, bool) or not isinstance(value, Real) \
+                        or not math.isfinite(value) or value < 0:
+                    raise ValueError(
+                        f"PlacementGroupFactory: bundle {i} resource {key!r} must be a finite "
+                        f"number >= 0, got {value!r}"
+                    )
+        if strategy not in _PG_STRATEGIES:
+            raise ValueError(
+                f"PlacementGroupFactory: strategy must be one of {', '.join(_PG_STRATEGIES)}, "
+                f"got {strategy!r}"
+            )
+        self.bundles: list[dict[str, float]] = [dict(b) for b in bundles]
+        self.strategy = strategy
+
+    @property
+    def required_resources(self) -> dict[str, float]:
+        """The sum of every bundle's resources (what the trial is placed with)."""
+        total: dict[str, float] = {}
+        for bundle in self.bundles:
+            for key, value in bundle.items():
+                total[key] = total.get(key, 0.0) + float(value)
+        return total
+
+    @property
+    def head_bundle_is_empty(self) -> bool:
+        """Whether the first bundle asks for nothing (Ray's attribute)."""
+        return not any(self.bundles[0].values())
+
+    def __getitem__(self, key: str) -> float:
+        return self.required_resources[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.required_resources)
+
+    def __len__(self) -> int:
+        return len(self.required_resources)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PlacementGroupFactory):
+            return self.bundles == other.bundles and self.strategy == other.strategy
+        return Mapping.__eq__(self, other)
+
+    def __hash__(self) -> int:
+        return hash((repr(self.bundles), self.strategy))
+
+    def __repr__(self) -> str:
+        return f"PlacementGroupFactory({self.bundles!r}, strategy={self.strategy!r})"
+
+
 @dataclass
 class RunConfig:
     """Where results go and when trials stop (Ray's ``tune.RunConfig``).
@@ -122,6 +254,10 @@ class RunConfig:
     ``storage_path`` is any fsspec URL or local path (default ``~/dasktune_results``);
     ``storage_filesystem`` an ``fsspec`` filesystem to use for it, or ``storage_options``
     the keyword arguments to build one (e.g. an S3 ``endpoint_url``).
+    ``progress_reporter``: a ``tune.CLIReporter`` / ``tune.JupyterNotebookReporter`` (or
+    a ``tune.ProgressReporter`` subclass) in place of the default table; ``verbose=0``
+    silences it. ``sync_config``: a :class:`SyncConfig`, accepted and without effect, as
+    storage is written directly.
     """
 
     name: str | None = None
@@ -135,7 +271,7 @@ class RunConfig:
     verbose: int | None = None
     progress_reporter: Any = None
     log_to_file: bool | str = False
-    sync_config: Any = None  # accepted for Ray compatibility; storage is written directly
+    sync_config: SyncConfig | None = None  # accepted for Ray; storage is written directly
 
     def __post_init__(self) -> None:
         if self.name is not None and (not isinstance(self.name, str) or not self.name.strip()):
@@ -150,6 +286,22 @@ class RunConfig:
             self.checkpoint_config = CheckpointConfig()
         if self.callbacks is None:
             self.callbacks = []
+        if self.sync_config is None:
+            self.sync_config = SyncConfig()
+        elif not isinstance(self.sync_config, SyncConfig):
+            raise TypeError(
+                f"RunConfig: sync_config must be a tune.SyncConfig, got {self.sync_config!r}"
+            )
+        if self.progress_reporter is not None and not callable(
+            getattr(self.progress_reporter, "maybe_report", None)
+        ):
+            raise TypeError(
+                "RunConfig: progress_reporter must be a tune.CLIReporter, "
+                f"tune.JupyterNotebookReporter or a tune.ProgressReporter, got "
+                f"{self.progress_reporter!r}"
+            )
+        if self.verbose == 0 and self.progress_reporter is not None:
+            self.progress_reporter.verbose = 0  # Ray: verbose=0 silences any reporter
 
     @property
     def resolved_storage_path(self) -> str:

@@ -161,6 +161,7 @@ class TuneController:
         self._stop_all = False
         self._raise: BaseException | None = None
         self._waiting_reason: str | None = None
+        self._waiting_trial: Trial | None = None  # the trial _waiting_reason is about
         self._dirty = False
         self._retiring: set[str] = set()
         self._no_workers_since: float | None = None
@@ -211,6 +212,10 @@ class TuneController:
         timeout = 0.0 if started else 0.2
         for event in self.executor.events(timeout):
             self._on_event(event)
+            if event.kind != REPORTS:
+                # A slot may have freed: refill it now, not after the rest of a long
+                # queue of reports from other trials.
+                self._fill_slots()
         for trial in self.scheduler.trials_to_stop(self._ctx):
             if trial.status in (PENDING, PAUSED):
                 self._complete(trial, trial.last_result, early_stopped=True)
@@ -222,10 +227,14 @@ class TuneController:
         if self._dirty and now - self._last_save >= max(self._save_period, self._save_gap):
             self.save()
         if self._reporter is not None:
-            self._reporter.maybe_report(self.trials, self._status_line(),
+            self._reporter.maybe_report(self.trials, self.status_line(),
                                         total=self.search_alg.total_samples)
 
-    def _status_line(self) -> str:
+    def status_line(self) -> str:
+        """The console's (and the dashboard's) note on the experiment: why it waits."""
+        waiting = self._waiting_trial
+        if waiting is not None and waiting.status not in (PENDING, PAUSED):
+            return ""  # the trial that waited ended (e.g. stopped early) without starting
         if self._waiting_reason:
             return f"waiting for resources: {self._waiting_reason}"
         return ""
@@ -324,9 +333,18 @@ class TuneController:
                         f"continued with Tuner.restore({self.storage.uri!r}, ...)")
             else:
                 self._no_workers_since = None
+            if self._can_scale:
+                # Adaptive sizes the cluster from the scheduler's tasks: show it this trial.
+                self.executor.demand(trial.trial_id, trial.resources)
+                for tid in self.executor.demanded():  # trials that ended while waiting
+                    other = self._by_id.get(tid)
+                    if other is None or other.is_finished:
+                        self.executor.withdraw(tid)
             self._waiting_reason = why or "all workers busy"
+            self._waiting_trial = trial
             return False
         self._waiting_reason = None
+        self._waiting_trial = None
         self._no_workers_since = None
         was_paused = trial.status == PAUSED
         trial.attempt += 1
@@ -533,6 +551,7 @@ class TuneController:
         if trial.is_finished:
             return
         trial.set_status(TERMINATED)
+        self.executor.withdraw(trial.trial_id)  # stopped while it waited for resources
         trial.last_result = dict(trial.last_result, done=True) if trial.last_result else {}
         if early_stopped:
             trial.stop_reason = "early_stopped"
@@ -651,6 +670,7 @@ class TuneController:
             return
         trial.error_msg = error
         trial.set_status(ERROR)
+        self.executor.withdraw(trial.trial_id)
         self.scheduler.on_trial_error(self._ctx, trial)
         self.search_alg.on_trial_complete(trial.trial_id, result=None, error=True)
         self.callbacks.on_trial_error(iteration=self._iteration, trials=self.trials, trial=trial)

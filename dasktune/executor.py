@@ -14,6 +14,18 @@ with ``workers=[address]``.
 Why our own RPC: calls go straight to the actor's worker (``actor_execute``, about
 1 ms) with timeouts we choose; Dask's ``Actor`` proxy instead waits on the actor's
 task when a worker vanishes, which can wait forever for a pinned task.
+
+Why demand tasks: Dask's ``Adaptive`` sizes a cluster from the scheduler's view
+(:meth:`distributed.Scheduler.adaptive_target` counts queued and unrunnable tasks), and
+a trial becomes a task only once it is placed, so an elastic cluster would never grow
+for trials that wait. :meth:`DaskExecutor.demand` keeps one trivial task per waiting
+trial, with the trial's ``resources=``, under the key ``dasktune-demand-<trial_id>-<n>``
+(task prefix ``dasktune-demand``); :meth:`~DaskExecutor.withdraw` releases it. Dask
+accounts resources only for queued and running tasks: a placeholder that some worker
+can run finishes there at once and counts no more, so it shows demand that no worker
+the scheduler knows can meet (no workers yet, or none with the trial's tags). And
+``Adaptive`` weighs placeholders against every worker's threads, not knowing that trials
+occupy them: it adds workers for trials that no worker could take, not one per trial.
 """
 
 from __future__ import annotations
@@ -94,6 +106,11 @@ class DaskExecutor:
         # the scheduler decides whether they are gone.
         self._suspect: dict[str, float] = {}
         self._pool_size = int(_dask_config.get("executor.idle-actors-per-worker"))
+        # Trials that wait for resources -> their request (driver thread); their
+        # placeholder futures live on the client loop only, so the two never race.
+        self._demands: dict[str, dict[str, float]] = {}
+        self._demand_futures: dict[str, Future] = {}
+        self._demand_seq = 0
 
     # ------------------------------------------------------------ cluster events
     def watch_cluster(self) -> bool:
@@ -215,12 +232,51 @@ class DaskExecutor:
     def running_on(self, addr: str) -> list[str]:
         return [tid for tid, run in self._runs.items() if run.worker == addr]
 
+    # ------------------------------------------------------------ scale-up demand
+    def demand(self, trial_id: str, resources: dict[str, float]) -> None:
+        """Show the scheduler that ``trial_id`` waits for ``resources`` (see the module
+        docs): one placeholder task per trial, however often this is called. Returns at
+        once; the task is submitted on the client loop."""
+        if self._closed or trial_id in self._demands or trial_id in self._runs:
+            return
+        request = {k: float(v) for k, v in resources.items() if v > 0}
+        self._demands[trial_id] = request
+        self._demand_seq += 1
+        # A fresh key each time: a released key may linger on the scheduler a moment.
+        key = f"dasktune-demand-{trial_id}-{self._demand_seq}"
+        self._loop.call_soon_threadsafe(self._submit_demand, trial_id, key, request)
+
+    def withdraw(self, trial_id: str) -> None:
+        """Release ``trial_id``'s placeholder task, if it has one (idempotent)."""
+        if self._demands.pop(trial_id, None) is not None:
+            self._loop.call_soon_threadsafe(self._release_demand, trial_id)
+
+    def demanded(self) -> list[str]:
+        """The trials that have a placeholder task now."""
+        return list(self._demands)
+
+    def _submit_demand(self, trial_id: str, key: str, request: dict[str, float]) -> None:
+        # On the client loop, in call order with _release_demand.
+        if trial_id in self._demand_futures:
+            return
+        try:
+            self._demand_futures[trial_id] = self.client.submit(
+                _waiting_trial, trial_id, key=key, resources=request or None, pure=False)
+        except Exception as exc:  # noqa: BLE001 - demand is advisory; placement goes on
+            logger.debug("demand for %s not submitted: %r", trial_id, exc)
+
+    def _release_demand(self, trial_id: str) -> None:
+        future = self._demand_futures.pop(trial_id, None)
+        if future is not None:
+            future.release()
+
     # ------------------------------------------------------------ control
     def start(self, spec: TrialSpec, resources: dict[str, float], worker: str,
               params: dict[str, Any] | None = None) -> None:
         """Start an attempt of ``spec`` on ``worker`` (chosen by :meth:`place`)."""
         if spec.trial_id in self._runs:
             raise RuntimeError(f"trial {spec.trial_id} is already running")
+        self.withdraw(spec.trial_id)  # placed: it waits no more
         used = self._used.setdefault(worker, {})
         for k, v in resources.items():
             used[k] = used.get(k, 0.0) + v
@@ -338,6 +394,10 @@ class DaskExecutor:
                                                     self._loop)
                    for addr, pool in self._idle.items() for key, future in pool]
         self._idle.clear()
+        for tid in list(self._demands):
+            self.withdraw(tid)
+        # Runs after the releases queued above: when it is done, they have been made.
+        closing.append(asyncio.run_coroutine_threadsafe(asyncio.sleep(0), self._loop))
         for done in closing:
             try:
                 done.result(5)
@@ -455,6 +515,11 @@ class DaskExecutor:
                 self._suspect[run.worker] = time.monotonic() + 5.0
                 self._events.put(ExecEvent(LOST, tid, attempt,
                                            error=f"lost contact with {run.worker}: {exc!r}"))
+
+
+def _waiting_trial(trial_id: str) -> str:
+    """The placeholder task of :meth:`DaskExecutor.demand`: does nothing."""
+    return trial_id
 
 
 def _format_remote_error(exc: BaseException) -> str:

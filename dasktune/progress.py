@@ -12,6 +12,7 @@ import math
 import sys
 import time
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 from dasktune import _dask_config
@@ -27,14 +28,25 @@ class ProgressReporter:
     """Prints the trial table every ``dasktune.controller.report-period`` seconds.
 
     ``verbose``: 0 silent, 1 summary line only, 2 table, 3 table with configs.
+    ``metric_columns`` / ``parameter_columns`` (Ray's: a list of keys, or a dict key ->
+    header; ``"a/b"`` reaches nested values) choose the table's columns; by default it
+    shows the tuned metric, and the configs at verbose 3. ``sort_by_metric=False`` lists
+    trials by status instead of best first.
     """
 
     def __init__(self, verbose: int = 1, metric: str | None = None, mode: str | None = None,
-                 max_rows: int = 20, out: IO[str] | None = None, period: float | None = None):
+                 max_rows: int = 20, out: IO[str] | None = None, period: float | None = None,
+                 metric_columns: Sequence[str] | Mapping[str, str] | None = None,
+                 parameter_columns: Sequence[str] | Mapping[str, str] | None = None,
+                 sort_by_metric: bool = True):
         self.verbose = verbose
         self.metric = metric
         self.mode = mode
         self.max_rows = max_rows
+        # key -> header; None: the tuned metric only / configs only at verbose 3
+        self.metric_columns = _columns(metric_columns, "metric_columns")
+        self.parameter_columns = _columns(parameter_columns, "parameter_columns")
+        self.sort_by_metric = sort_by_metric
         self.out = out or sys.stdout
         self.period = _dask_config.get_seconds("controller.report-period") if period is None \
             else period
@@ -44,6 +56,18 @@ class ProgressReporter:
         self._display: Any = _jupyter_display() if out is None else None
 
     total: int | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # tuner.pkl keeps the run config: the stream and the Jupyter output stay behind
+        state = dict(self.__dict__)
+        state.pop("out", None)
+        state.pop("_display", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.out = sys.stdout
+        self._display = _jupyter_display()
 
     def _emit(self, text: str) -> None:
         if self._display is not None:
@@ -129,17 +153,25 @@ class ProgressReporter:
         rows = sorted(trials, key=self._sort_key)
         lines = [head]
         shown = rows[: self.max_rows]
-        cols = ["trial", "status", "iter", self.metric or "", "worker"]
-        if self.verbose >= 3:
+        params = self.parameter_columns or {}
+        metrics = self.metric_columns
+        cols = ["trial", "status", *params.values(), "iter",
+                *(metrics.values() if metrics is not None else [self.metric or ""]), "worker"]
+        with_config = self.verbose >= 3 and self.parameter_columns is None
+        if with_config:
             cols.append("config")
         table = [cols]
         for t in shown:
-            v = self._value(t)
+            if metrics is None:
+                v = self._value(t)
+                values = ["" if v is None else f"{v:.6g}"]
+            else:
+                values = [_cell(_lookup(t.last_result, k)) for k in metrics]
             row = [("* " if t is best else "  ") + t.trial_id, t.status,
-                   str(t.last_result.get("training_iteration", "")),
-                   "" if v is None else f"{v:.6g}",
+                   *(_cell(_lookup(t.config, k)) for k in params),
+                   str(t.last_result.get("training_iteration", "")), *values,
                    t.placements[-1].host if t.placements else ""]
-            if self.verbose >= 3:
+            if with_config:
                 row.append(_short_config(t.config))
             table.append(row)
         widths = [max(len(r[i]) for r in table) for i in range(len(cols))]
@@ -153,10 +185,44 @@ class ProgressReporter:
         return "\n".join(lines)
 
     def _sort_key(self, t: Trial) -> tuple[Any, ...]:
-        v = self._value(t)
+        v = self._value(t) if self.sort_by_metric else None
         if v is None:
             return (1, _ORDER.index(t.status), t.trial_id)
         return (0, v if self.mode != "max" else -v, t.trial_id)
+
+
+def _columns(columns: Sequence[str] | Mapping[str, str] | None, what: str
+             ) -> dict[str, str] | None:
+    """Ray's column argument (a list of keys, or a dict key -> header) as key -> header."""
+    if columns is None:
+        return None
+    if isinstance(columns, Mapping):
+        return {str(k): str(v) for k, v in columns.items()}
+    if isinstance(columns, str) or not isinstance(columns, Sequence):
+        raise TypeError(f"{what} must be a list of names or a dict name -> header, "
+                        f"got {columns!r}")
+    return {str(k): str(k) for k in columns}
+
+
+def _lookup(values: Mapping[str, Any], key: str) -> Any:
+    """``values[key]``, where ``"a/b"`` reaches into nested dicts as Ray's columns do."""
+    if key in values:
+        return values[key]
+    node: Any = values
+    for part in key.split("/"):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    text = str(value)
+    return text if len(text) <= 20 else text[:17] + "..."
 
 
 def _short_config(config: dict[str, Any], limit: int = 60) -> str:

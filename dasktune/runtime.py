@@ -133,6 +133,11 @@ def _local_cluster(num_cpus: int | None = None, **kwargs: Any) -> Any:
             workers[f"worker-{i}"] = {"cls": Worker, "options": {**opts, **worker_kwargs}}
             continue
         opts.update({"silence_logs": silence_logs, **worker_kwargs})
+        # Import the trial actor's module while the worker starts (init waits for the
+        # workers), not inside the first trial's start-up.
+        preload = opts.get("preload") or []
+        opts["preload"] = [*([preload] if isinstance(preload, str) else preload),
+                           *([] if "dasktune.actor" in preload else ["dasktune.actor"])]
         if env:
             opts["env"] = env
         try:
@@ -201,7 +206,23 @@ def init(address: str | None = None, *, security: Any = None, num_cpus: int | No
             _cluster = _local_cluster(num_cpus, security=security, **kwargs)
             _client = Client(_cluster, set_as_default=False,
                              **({"security": security} if security is not None else {}))
+            _wait_for_local_workers(_client, len(_cluster.worker_spec))
         return _client
+
+
+def _wait_for_local_workers(client: Any, n: int) -> None:
+    """Return once the embedded cluster's workers have joined, so that their start-up
+    (seconds: a process each, imports) is paid here and not by the first trials."""
+    from dasktune import _dask_config
+
+    timeout = _dask_config.get_seconds("local-cluster.start-timeout")
+    try:
+        client.wait_for_workers(n, timeout=timeout)
+    except TimeoutError:
+        # Not fatal: fit() places trials on whichever workers have joined by then.
+        logger.warning("dasktune.init(): %d of %d local workers joined within %.0fs",
+                       len(client.scheduler_info(n_workers=-1).get("workers", {})), n,
+                       timeout)
 
 
 def shutdown() -> None:

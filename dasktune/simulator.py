@@ -298,6 +298,17 @@ class SimulatedExecutor:
             w.running.discard(trial_id)
         self._take(run.worker, run.resources, -1.0)
 
+    # A simulated cluster has a fixed size (add_worker is the test's to call): there is
+    # no scheduler to show waiting trials to.
+    def demand(self, trial_id: str, resources: dict[str, float]) -> None:
+        pass
+
+    def withdraw(self, trial_id: str) -> None:
+        pass
+
+    def demanded(self) -> list[str]:
+        return []
+
     def shutdown(self) -> None:
         for tid in list(self._runs):
             self.release(tid)

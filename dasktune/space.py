@@ -90,6 +90,13 @@ def as_generator(rng: Any = None) -> np.random.Generator:
     raise TypeError(f"random state must be an int, a numpy Generator/RandomState or None, got {rng!r}")
 
 
+def _is_random_state(value: Any) -> bool:
+    """Whether ``value`` is a seed or numpy generator (not a Ray ``config``/spec)."""
+    if isinstance(value, (np.random.Generator, np.random.RandomState)):
+        return True
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
 def path_str(path: Path) -> str:
     """``("model", "lr")`` -> ``"model/lr"``."""
     return SEP.join(str(k) for k in path)
@@ -122,8 +129,26 @@ class Domain:
 
     sampler: str = "uniform"
 
-    def sample(self, rng: Any = None, spec: Any = None) -> Any:
-        """Draw one value using ``rng`` (a numpy Generator, a seed or None)."""
+    def sample(self, config: Any = None, size: int = 1, random_state: Any = None) -> Any:
+        """Draw ``size`` values, as Ray's ``Domain.sample(config, size, random_state)``.
+
+        Returns one value when ``size == 1``, else a list of ``size`` values.
+        ``random_state`` is an int seed, a numpy ``Generator`` or ``RandomState``, or None
+        (fresh entropy); a seed gives the same draws on every call. ``config`` is the spec
+        a :func:`sample_from` function receives (``spec.config``); other domains ignore it.
+        ``sample(rng)`` with a seed or generator in first place (dasktune's older form) is
+        still understood.
+        """
+        if random_state is None and _is_random_state(config):
+            config, random_state = None, config
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+            raise ValueError(f"sample: size must be an int >= 1, got {size!r}")
+        rng = as_generator(random_state)
+        values = [self._draw(rng, config) for _ in range(int(size))]
+        return values[0] if size == 1 else values
+
+    def _draw(self, rng: np.random.Generator, spec: Any = None) -> Any:
+        """Draw one value with ``rng``; what each domain type implements."""
         raise NotImplementedError
 
     def is_valid(self, value: Any) -> bool:
@@ -231,8 +256,7 @@ class Float(_Numeric):
                             f"{name} bound {bound!r} is not a multiple of quantization q={self.q!r}"
                         )
 
-    def sample(self, rng: Any = None, spec: Any = None) -> float:
-        rng = as_generator(rng)
+    def _draw(self, rng: np.random.Generator, spec: Any = None) -> float:
         if self.sampler == "normal":
             value = float(rng.normal(self.mean, self.sd))
         elif self.sampler == "loguniform":
@@ -290,8 +314,7 @@ class Integer(_Numeric):
     def _q_high(self) -> int:
         return (self.upper // self.q) * self.q
 
-    def sample(self, rng: Any = None, spec: Any = None) -> int:
-        rng = as_generator(rng)
+    def _draw(self, rng: np.random.Generator, spec: Any = None) -> int:
         q = self.q
         if self.sampler == "loguniform":
             value = self._log_uniform(rng, self.lower, self.upper)
@@ -332,8 +355,8 @@ class Categorical(Domain):
         """Ray's spelling; categories are always drawn uniformly."""
         return self
 
-    def sample(self, rng: Any = None, spec: Any = None) -> Any:
-        index = int(as_generator(rng).integers(len(self.categories)))
+    def _draw(self, rng: np.random.Generator, spec: Any = None) -> Any:
+        index = int(rng.integers(len(self.categories)))
         # a copy, so that trials never share a mutable category (a dict or list)
         return copy.deepcopy(self.categories[index])
 
@@ -378,11 +401,13 @@ class Function(Domain):
                 ) from exc
             self.pass_spec = False
 
-    def sample(self, rng: Any = None, spec: Any = None) -> Any:
+    def _draw(self, rng: np.random.Generator, spec: Any = None) -> Any:
         if not self.pass_spec:
             return self.func()
         if spec is None:
             spec = _AttrDict({"config": _AttrDict({})})
+        elif type(spec) is dict:  # a user's own spec ({"config": {...}}): readable as spec.config
+            spec = _AttrDict(spec)
         return self.func(spec)
 
     def __repr__(self) -> str:
@@ -698,7 +723,7 @@ def resolve(
         if isinstance(value, Function):
             functions.append((path, value))
         elif isinstance(value, Domain):
-            drawn = fixed[path] if fixed is not None and path in fixed else value.sample(rng)
+            drawn = fixed[path] if fixed is not None and path in fixed else value._draw(rng)
             assign_path(config, path, drawn)
             resolved[path] = drawn
     while functions:
@@ -706,12 +731,12 @@ def resolve(
         for path, func in functions:
             spec = _AttrDict({"config": _AttrDict(config)})
             try:
-                drawn = func.sample(rng, spec)
+                drawn = func._draw(rng, spec)
             except _Unresolved:
                 deferred.append((path, func))
                 continue
             if isinstance(drawn, Domain):  # Ray allows sample_from(lambda _: tune.uniform(...))
-                drawn = drawn.sample(rng)
+                drawn = drawn._draw(rng)
             assign_path(config, path, drawn)
             resolved[path] = drawn
         if len(deferred) == len(functions):
@@ -725,7 +750,7 @@ def sample_domains(space: Mapping[str, Any], rng: Any = None) -> dict[Path, Any]
     """Draw every plain Domain (not grid_search, not sample_from) once, by path."""
     rng = as_generator(rng)
     return {
-        path: value.sample(rng)
+        path: value._draw(rng)
         for path, value in leaves(space)
         if isinstance(value, Domain) and not isinstance(value, Function)
     }

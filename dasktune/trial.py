@@ -9,7 +9,6 @@ Everything a restore needs is in :meth:`Trial.to_state` / :meth:`Trial.from_stat
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +26,12 @@ _ALLOWED: dict[str, set[str]] = {
     TERMINATED: {PENDING},  # only a restore with restart/resume re-opens a trial
     ERROR: {PENDING},
 }
+
+
+# Auto-filled numbers nobody ranks trials by: no min/max/avg kept for them (saves a
+# third of the per-result bookkeeping; their last value is in ``last_result``).
+_NOT_ANALYSED = frozenset({"timestamp", "pid", "iterations_since_restore",
+                           "time_since_restore", "done"})
 
 
 @dataclass
@@ -130,35 +135,40 @@ class Trial:
         NaN so they stay each trial's best finite-or-inf value seen.
         """
         self.last_result = result
+        analysis, steps = self.metric_analysis, self.metric_n_steps
         for key, value in result.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if key in _NOT_ANALYSED:
                 continue
-            stats = self.metric_analysis.get(key)
+            cls = value.__class__
+            # Exact-type test first: this runs for every key of every result.
+            if cls is not float and cls is not int and \
+                    (cls is bool or not isinstance(value, (int, float))):
+                continue
+            stats = analysis.get(key)
             if stats is None:
-                self.metric_analysis[key] = {
-                    "max": value,
-                    "min": value,
-                    "avg": value,
-                    "last": value,
-                    "last-5-avg": value,
-                    "last-10-avg": value,
-                    "count": 1,
-                }
-                self.metric_n_steps[key] = {"5": [value], "10": [value]}
+                analysis[key] = {"max": value, "min": value, "avg": value, "last": value,
+                                 "last-5-avg": value, "last-10-avg": value, "count": 1}
+                steps[key] = {"10": [value]}
                 continue
             n = stats["count"] + 1
-            if not math.isnan(value):
-                stats["max"] = value if math.isnan(stats["max"]) else max(stats["max"], value)
-                stats["min"] = value if math.isnan(stats["min"]) else min(stats["min"], value)
-            stats["avg"] = stats["avg"] + (value - stats["avg"]) / n
-            stats["last"] = value
             stats["count"] = n
-            for window in ("5", "10"):
-                buf = self.metric_n_steps[key][window]
-                buf.append(value)
-                if len(buf) > int(window):
-                    del buf[0]
-                stats[f"last-{window}-avg"] = sum(buf) / len(buf)
+            if value == value:  # not NaN
+                best = stats["max"]
+                if value > best or best != best:
+                    stats["max"] = value
+                best = stats["min"]
+                if value < best or best != best:
+                    stats["min"] = value
+            stats["avg"] += (value - stats["avg"]) / n
+            stats["last"] = value
+            # One window of the last 10 values; the last 5 are its tail.
+            buf = steps.setdefault(key, {}).setdefault("10", [])
+            buf.append(value)
+            if len(buf) > 10:
+                del buf[0]
+            stats["last-10-avg"] = sum(buf) / len(buf)
+            tail = buf[-5:]
+            stats["last-5-avg"] = sum(tail) / len(tail)
 
     # --------------------------------------------------------------- state
     def to_state(self) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import pickle
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -137,9 +138,11 @@ def make_callbacks(rc: RunConfig, client: Any, storage: ExperimentStorage, name:
     from dasktune.logger import DEFAULT_LOGGERS
 
     callbacks = list(rc.callbacks or [])
-    for cls in DEFAULT_LOGGERS:
-        if not any(isinstance(cb, cls) for cb in callbacks):
-            callbacks.append(cls())
+    # Ray's switch for the default JSON/CSV/TensorBoard loggers.
+    if os.environ.get("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "0") != "1":
+        for cls in DEFAULT_LOGGERS:
+            if not any(isinstance(cb, cls) for cb in callbacks):
+                callbacks.append(cls())
     try:
         from dasktune.dashboard import DashboardCallback, register_dashboard
 
@@ -161,7 +164,10 @@ def make_reporter(rc: RunConfig, tc: TuneConfig) -> Any:
     from dasktune.progress import ProgressReporter
 
     if rc.progress_reporter is not None:
-        return rc.progress_reporter
+        reporter = rc.progress_reporter
+        if hasattr(reporter, "set_search_properties"):  # Ray: TuneConfig's metric/mode
+            reporter.set_search_properties(tc.metric, tc.mode)
+        return reporter
     verbose = 1 if rc.verbose is None else rc.verbose
     if verbose == 0:
         return None

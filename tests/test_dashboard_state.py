@@ -7,6 +7,8 @@ import math
 
 import pytest
 
+from dasktune.controller import TuneController
+from dasktune.dashboard._callback import DashboardCallback
 from dasktune.dashboard._messages import experiment_message, result_point, trial_record
 from dasktune.dashboard._redact import is_secret_key, jsonable, strip_uri
 from dasktune.dashboard._state import DashboardState
@@ -92,3 +94,77 @@ def test_bad_settings_raise():
         DashboardState(max_points=1)
     with pytest.raises(ValueError, match="max_experiments"):
         DashboardState(max_experiments=0)
+
+
+class _Events:
+    """Stands in for ``Client.log_event``: keeps what the callback sends."""
+
+    def __init__(self) -> None:
+        self.messages: list[dict] = []
+
+    def log_event(self, topic: str, msg: dict) -> None:
+        self.messages.append(json.loads(json.dumps(msg)))  # plain types, as on the wire
+
+
+class _Driver:
+    """The controller's waiting state, read through its real ``status_line``."""
+
+    status_line = TuneController.status_line
+
+    def __init__(self) -> None:
+        self._waiting_reason: str | None = None
+        self._waiting_trial: Trial | None = None
+
+
+def test_waiting_for_resources_shows_only_while_waiting():
+    from dasktune.dashboard._components import Summary
+
+    events, driver, state = _Events(), _Driver(), DashboardState()
+    callback = DashboardCallback(events, {"name": "e", "experiment_id": "e"},
+                                 flush_interval=0)
+    trial = Trial("t1", {"lr": 1})
+
+    def page() -> tuple[object, str]:
+        for msg in events.messages:
+            state.apply(msg)
+        events.messages.clear()
+        summary = Summary()
+        summary.update(state.snapshot("e"), 0.0)
+        return state.experiments()[0]["waiting"], summary.root.text
+
+    callback.setup(controller=driver)
+    callback.on_step_end(iteration=1, trials=[trial])
+    waiting, text = page()
+    assert waiting is None and "waiting for resources" not in text and "(waiting)" not in text
+
+    # The driver could not place the trial: the page says why, and marks it waiting.
+    driver._waiting_reason, driver._waiting_trial = "the cluster has no workers", trial
+    callback.on_step_end(iteration=2, trials=[trial])
+    waiting, text = page()
+    assert waiting == "waiting for resources: the cluster has no workers"
+    assert waiting in text and "PENDING</span> 1 (waiting)" in text
+
+    # The waiting trial ended without starting (stopped early): no longer waiting.
+    trial.set_status("TERMINATED")
+    callback.on_step_end(iteration=3, trials=[trial])
+    waiting, text = page()
+    assert waiting is None and "waiting for resources" not in text
+
+    # Waiting again, then the experiment ends: a finished experiment waits for nothing.
+    trial2 = Trial("t2", {"lr": 2})
+    driver._waiting_reason, driver._waiting_trial = "all workers busy", trial2
+    callback.on_step_end(iteration=4, trials=[trial, trial2])
+    assert page()[0] == "waiting for resources: all workers busy"
+    callback.on_experiment_end(trials=[trial, trial2])
+    waiting, text = page()
+    assert waiting is None and "waiting" not in text
+
+
+def test_waiting_note_in_messages():
+    assert experiment_message("e", {}, status="RUNNING")["waiting"] is None
+    msg = experiment_message("e", {}, status="RUNNING", waiting="waiting for resources: x")
+    state = DashboardState()
+    state.apply(msg)
+    assert state.experiments()[0]["waiting"] == "waiting for resources: x"
+    state.apply(experiment_message("e", {}, status="FINISHED", waiting="stale"))
+    assert state.experiments()[0]["waiting"] is None

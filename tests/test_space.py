@@ -270,3 +270,64 @@ def test_to_optuna_refusals():
         sp.to_optuna_distributions({"n": sp.randn()})
     with pytest.raises(ValueError, match="same name 'a/b'"):
         sp.to_optuna_distributions({"a/b": sp.uniform(0, 1), "a": {"b": sp.uniform(0, 1)}})
+
+
+# -- Ray's Domain.sample(config=None, size=1, random_state=None) -------------------------
+
+ALL_DOMAINS = {
+    "uniform": (sp.uniform(0.0, 1.0), float),
+    "quniform": (sp.quniform(0.0, 1.0, 0.25), float),
+    "loguniform": (sp.loguniform(1e-4, 1e-1), float),
+    "qloguniform": (sp.qloguniform(0.1, 10.0, 0.1), float),
+    "randn": (sp.randn(0.0, 1.0), float),
+    "qrandn": (sp.qrandn(0.0, 3.0, 0.5), float),
+    "randint": (sp.randint(0, 10), int),
+    "qrandint": (sp.qrandint(0, 20, 5), int),
+    "lograndint": (sp.lograndint(1, 1000), int),
+    "qlograndint": (sp.qlograndint(2, 100, 2), int),
+    "choice": (sp.choice(["a", "b", "c", "d"]), str),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ALL_DOMAINS))
+def test_sample_has_rays_signature(name):
+    domain, kind = ALL_DOMAINS[name]
+    one = domain.sample()
+    assert isinstance(one, kind) and domain.is_valid(one)  # one value, not a list
+    five = domain.sample(size=5)
+    assert isinstance(five, list) and len(five) == 5
+    assert all(isinstance(v, kind) and domain.is_valid(v) for v in five)
+    assert not isinstance(domain.sample(config=None, size=1, random_state=0), list)
+
+
+@pytest.mark.parametrize("name", sorted(ALL_DOMAINS))
+def test_seeded_sample_is_reproducible(name):
+    domain, _ = ALL_DOMAINS[name]
+    by_seed = domain.sample(size=50, random_state=123)
+    assert domain.sample(None, 50, 123) == by_seed  # positional, in Ray's order
+    assert domain.sample(size=50, random_state=np.random.default_rng(123)) == \
+        domain.sample(size=50, random_state=np.random.default_rng(123))
+    assert domain.sample(size=50, random_state=np.random.RandomState(123)) == \
+        domain.sample(size=50, random_state=np.random.RandomState(123))
+    assert domain.sample(size=50, random_state=124) != by_seed
+    # a Generator is advanced, not copied: two calls draw different values
+    rng = np.random.default_rng(5)
+    assert domain.sample(size=50, random_state=rng) != domain.sample(size=50, random_state=rng)
+
+
+def test_sample_from_sample_gets_the_spec_as_config():
+    double = sp.sample_from(lambda spec: spec.config.x * 2)
+    assert double.sample({"config": {"x": 3}}) == 6
+    assert double.sample(config={"config": {"x": 4}}, size=3) == [8, 8, 8]
+    assert sp.sample_from(lambda: 7).sample() == 7
+
+
+def test_sample_keeps_the_positional_rng_form_and_checks_size():
+    rng = np.random.default_rng(0)
+    assert sp.uniform(0, 1).sample(rng) != sp.uniform(0, 1).sample(rng)
+    assert sp.randint(0, 10**9).sample(3) == sp.randint(0, 10**9).sample(random_state=3)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="size must be an int >= 1"):
+            sp.uniform(0, 1).sample(size=bad)
+    with pytest.raises(TypeError, match="random state"):
+        sp.uniform(0, 1).sample(random_state="seed")

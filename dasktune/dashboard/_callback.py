@@ -39,8 +39,9 @@ class DashboardCallback(Callback):
 
     Updates are batched: a flush happens in :meth:`on_step_end` at most every
     ``flush_interval`` seconds, and once more in :meth:`on_experiment_end`. A flush sends
-    the experiment summary (when it changed), full records of the trials that changed,
-    and the new values of ``experiment_info["metric"]``.
+    the experiment summary (when it changed, e.g. when it starts or stops waiting for
+    resources), full records of the trials that changed, and the new values of
+    ``experiment_info["metric"]``.
 
     ``experiment_info`` keys: ``name``, ``storage`` (a URI; credentials are stripped),
     ``searcher``, ``scheduler`` (objects or names), ``metric``, ``mode`` (``"min"`` or
@@ -79,15 +80,22 @@ class DashboardCallback(Callback):
         self._points: list[list[Any]] = []
         self._last_flush = float("-inf")
         self._warned = False
+        self._status_line: Any = None  # the controller's, given to setup()
+        self._waiting: str | None = None
 
     # ----------------------------------------------------------------- hooks
     def setup(self, stop: Any = None, num_samples: int | None = None,
               total_num_samples: int | None = None, **info: Any) -> None:
+        # The console's note ("waiting for resources: ..."): the page shows the same.
+        self._status_line = getattr(info.get("controller"), "status_line", None)
         self.flush()
 
     def on_step_end(self, iteration: int, trials: list[Trial], **info: Any) -> None:
         if time.monotonic() - self._last_flush < self.flush_interval:
             return
+        waiting = self._waiting_note()
+        if waiting != self._waiting:
+            self._waiting, self._info_dirty = waiting, True
         # Catch trials whose state changed without a hook (e.g. new PENDING trials); only
         # when sending, so a step costs O(1) and not O(trials).
         for trial in trials:
@@ -116,6 +124,7 @@ class DashboardCallback(Callback):
     def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
         self._status = FINISHED
         self._end_time = time.time()
+        self._waiting = None
         self._info_dirty = True
         for trial in trials:
             self._dirty[trial.trial_id] = trial
@@ -128,7 +137,8 @@ class DashboardCallback(Callback):
         messages = []
         if self._info_dirty:
             messages.append(experiment_message(self.experiment_id, self.info,
-                                               status=self._status, end_time=self._end_time))
+                                               status=self._status, end_time=self._end_time,
+                                               waiting=self._waiting))
         if self._dirty:
             records = [trial_record(t, self.metric, self.mode) for t in self._dirty.values()]
             messages.append({"type": TRIALS, "experiment_id": self.experiment_id,
@@ -151,6 +161,16 @@ class DashboardCallback(Callback):
                 self._warned = True
             return
         self._sent.update(sent)
+
+    def _waiting_note(self) -> str | None:
+        """The controller's note while the experiment waits for resources, else None."""
+        if self._status_line is None:
+            return None
+        try:
+            line = self._status_line()
+        except Exception:  # noqa: BLE001 - the dashboard must never stop a run
+            return None
+        return line if isinstance(line, str) and line.startswith("waiting") else None
 
 
 def _signature(trial: Trial) -> tuple[Any, ...]:

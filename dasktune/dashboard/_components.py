@@ -137,7 +137,8 @@ class ExperimentSelector(DashboardComponent):
 
 
 class Summary(DashboardComponent):
-    """Name, storage, searcher, scheduler, metric, trials by status, elapsed."""
+    """Name, storage, searcher, scheduler, metric, trials by status, elapsed, and why
+    the experiment waits while it does (its PENDING trials are then marked waiting)."""
 
     def __init__(self, **kwargs: Any):
         super().__init__()
@@ -149,8 +150,10 @@ class Summary(DashboardComponent):
             return
         s = view.summary()
         e = html.escape
+        waiting = s.get("waiting")
         by_status = " · ".join(
             f'<span style="color:{STATUS_COLORS.get(k, "#333")}">{e(str(k))}</span> {n}'
+            + (" (waiting)" if waiting and k == "PENDING" else "")
             for k, n in s["trials_by_status"].items()
         )
         best = "–"
@@ -168,6 +171,8 @@ class Summary(DashboardComponent):
             ("Trials", f"{s['num_trials']} — {by_status or 'none yet'}"),
             ("Elapsed", format_duration(s["elapsed_s"])),
         ]
+        if waiting:
+            rows.insert(1, ("Waiting", f'<span style="color:#b35900">{e(str(waiting))}</span>'))
         text = "<table>" + "".join(
             f'<tr><td style="padding-right:12px;color:#666">{k}</td><td>{v}</td></tr>'
             for k, v in rows

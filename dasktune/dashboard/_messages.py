@@ -3,8 +3,9 @@
 Three kinds travel under the ``"dasktune"`` event topic (plain JSON/msgpack types only):
 
 ``{"type": "experiment", "experiment_id", "name", "storage", "searcher", "scheduler",
-"metric", "mode", "start_time", "end_time", "status"}``
-    The experiment's summary; sent first and whenever it changes.
+"metric", "mode", "start_time", "end_time", "status", "waiting"}``
+    The experiment's summary; sent first and whenever it changes. ``waiting`` is the
+    driver's note while trials wait (``"waiting for resources: <reason>"``), else None.
 ``{"type": "trials", "experiment_id", "trials": [record, ...]}``
     Full records of the trials that changed (see :func:`trial_record`).
 ``{"type": "results", "experiment_id", "points": [[trial_id, training_iteration, value, t]]}``
@@ -58,8 +59,10 @@ def describe(obj: Any) -> str | None:
 
 
 def experiment_message(experiment_id: str, info: dict[str, Any], *, status: str,
-                       end_time: float | None = None) -> dict[str, Any]:
-    """The ``experiment`` message for ``info`` (name, storage, searcher, ...)."""
+                       end_time: float | None = None,
+                       waiting: str | None = None) -> dict[str, Any]:
+    """The ``experiment`` message for ``info`` (name, storage, searcher, ...);
+    ``waiting`` says why the experiment waits, if it does."""
     return {
         "type": EXPERIMENT,
         "experiment_id": str(experiment_id),
@@ -72,6 +75,7 @@ def experiment_message(experiment_id: str, info: dict[str, Any], *, status: str,
         "start_time": finite_number(info.get("start_time")),
         "end_time": finite_number(end_time if end_time is not None else info.get("end_time")),
         "status": status,
+        "waiting": str(waiting) if waiting else None,
     }
 
 

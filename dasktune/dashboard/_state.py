@@ -26,7 +26,7 @@ from dasktune.dashboard._messages import (
 )
 
 _INFO_KEYS = ("name", "storage", "searcher", "scheduler", "metric", "mode", "start_time",
-              "end_time", "status")
+              "end_time", "status", "waiting")
 
 
 @dataclass
@@ -69,9 +69,12 @@ class ExperimentView:
         if start is not None:
             elapsed = max(0.0, (end if end is not None else time.time()) - start)
         best_id = self.best_trial_id()
+        info = {k: self.info.get(k) for k in _INFO_KEYS}
+        if info["status"] == FINISHED:
+            info["waiting"] = None  # a driver that died mid-wait sent no update
         return {
             "experiment_id": self.experiment_id,
-            **{k: self.info.get(k) for k in _INFO_KEYS},
+            **info,
             "num_trials": len(self.trials),
             "trials_by_status": dict(sorted(by_status.items())),
             "elapsed_s": elapsed,
