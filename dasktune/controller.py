@@ -209,7 +209,9 @@ class TuneController:
         self._iteration += 1
         self.callbacks.on_step_begin(iteration=self._iteration, trials=self.trials)
         started = self._fill_slots()
-        timeout = 0.0 if started else 0.2
+        # A suggestion computed on the searcher's thread: look again soon for it.
+        timeout = 0.0 if started else 0.005 if getattr(self.search_alg, "asking", False) \
+            else 0.2
         for event in self.executor.events(timeout):
             self._on_event(event)
             if event.kind != REPORTS:
@@ -241,6 +243,9 @@ class TuneController:
 
     def _shutdown(self) -> None:
         self.executor.shutdown()
+        close = getattr(self.search_alg, "close", None)
+        if close is not None:
+            close()
         if self._unwritten_errors:
             self._flush_errors()
         for trial in self.trials:

@@ -556,7 +556,12 @@ def run_simulated(trainable_name: str, param_space: Mapping[str, Any],
         save_state=writer,
         reporter=reporter,
     )
-    controller.run()
+    import dask.config
+
+    # Simulated time does not pass while a searcher thinks: ask on the loop's thread, so
+    # that a run is the same for the same seed however slow the sampler is here.
+    with dask.config.set({"dasktune.search.async-after": False}):
+        controller.run()
     cc = rc.checkpoint_config
     return ResultGrid(controller.trials, storage, metric=tc.metric, mode=tc.mode,
                       score_attr=cc.checkpoint_score_attribute if cc else None,

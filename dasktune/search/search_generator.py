@@ -4,14 +4,25 @@ It asks the searcher for one config per new trial id, stops after ``num_samples`
 for -1) or when the searcher says FINISHED, and lays each suggestion over the param space so
 its constants reach the trial. Searchers do not expand grid_search; a grid in the param space
 is an error here, as it is in Ray.
+
+A searcher whose ``suggest`` gets slow (TPE or GP with thousands of finished trials take
+0.1-1 s per ask) would stall the driver loop: no report taken, no slot filled. Once one
+``suggest`` takes longer than ``dasktune.search.async-after``, every later call to the
+searcher runs on a thread of its own, in the order the driver made it: the loop goes on
+while the next suggestion is computed, and the searcher still sees one caller at a time.
+The asks are not made ahead of free slots (that would cost search quality).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from dasktune import _dask_config
 from dasktune import space as sp
 from dasktune.search._base import (
     SearchAlgorithm,
@@ -54,6 +65,8 @@ class SearchGenerator(SearchAlgorithm):
             )
         super().__init__(experiment_uid=experiment_uid)
         self.searcher = searcher
+        self._thread: _SearcherThread | None = None  # set once a suggest was slow
+        self._ask: _Ask | None = None  # the suggestion being computed on it
         self._explicit_samples = num_samples is not None
         self._num_samples = check_num_samples(num_samples, "SearchGenerator") if (
             num_samples is not None
@@ -115,8 +128,35 @@ class SearchGenerator(SearchAlgorithm):
         if self._num_samples is not None and self._counter >= self._num_samples:
             self._finished = True
             return None
+        if self._thread is not None:
+            return self._next_async(self._thread)
         trial_id = self._trial_id()
+        start = time.perf_counter()
         suggested = self.searcher.suggest(trial_id)
+        slow = _async_after()
+        if slow is not None and time.perf_counter() - start > slow:
+            logger.debug("%s.suggest took %.0f ms: asking on a thread from now on",
+                         type(self.searcher).__name__, 1e3 * (time.perf_counter() - start))
+            self._thread = _SearcherThread(type(self.searcher).__name__)
+        return self._accept(trial_id, suggested)
+
+    @property
+    def asking(self) -> bool:
+        """Whether a suggestion is being computed on the searcher's thread."""
+        return self._ask is not None
+
+    def _next_async(self, thread: _SearcherThread) -> Suggestion | None:
+        thread.raise_error()
+        ask = self._ask
+        if ask is None:
+            self._ask = ask = _Ask(self._trial_id())
+            thread.submit(ask.run, self.searcher)
+        if not ask.done.is_set():
+            return None
+        self._ask = None
+        return self._accept(ask.trial_id, ask.result)
+
+    def _accept(self, trial_id: str, suggested: Any) -> Suggestion | None:
         if suggested == Searcher.FINISHED:
             self._finished = True
             return None
@@ -142,14 +182,29 @@ class SearchGenerator(SearchAlgorithm):
         return Suggestion(trial_id=trial_id, config=config, experiment_tag=tag)
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
-        self.searcher.on_trial_result(trial_id, result)
+        self._call(self.searcher.on_trial_result, trial_id, result)
 
     def on_trial_complete(
         self, trial_id: str, result: dict | None = None, error: bool = False
     ) -> None:
-        self.searcher.on_trial_complete(trial_id, result=result, error=error)
+        self._call(self.searcher.on_trial_complete, trial_id, result, error)
+
+    def _call(self, fn: Callable[..., Any], *args: Any) -> None:
+        if self._thread is None:
+            fn(*args)
+        else:
+            self._thread.raise_error()
+            self._thread.submit(fn, *args)
+
+    def close(self) -> None:
+        """End the searcher's thread (after the calls queued on it)."""
+        thread, self._thread, self._ask = self._thread, None, None
+        if thread is not None:
+            thread.close()
 
     def get_state(self) -> dict:
+        if self._thread is not None:
+            self._thread.drain()  # the searcher's state after every call made so far
         state = super().get_state()
         state["num_samples"] = self._num_samples
         try:
@@ -167,6 +222,71 @@ class SearchGenerator(SearchAlgorithm):
         self._num_samples = state["num_samples"]
         if state.get("searcher") is not None:
             self.searcher.set_state(state["searcher"])
+
+
+def _async_after() -> float | None:
+    """The ``suggest`` duration past which the searcher gets a thread (None: never)."""
+    if _dask_config.get("search.async-after") is False:
+        return None
+    return _dask_config.get_seconds("search.async-after")
+
+
+class _Ask:
+    """One suggestion computed on the searcher's thread."""
+
+    def __init__(self, trial_id: str) -> None:
+        self.trial_id = trial_id
+        self.result: Any = None
+        self.done = threading.Event()
+
+    def run(self, searcher: Searcher) -> None:
+        try:
+            self.result = searcher.suggest(self.trial_id)
+        finally:
+            self.done.set()
+
+
+class _SearcherThread:
+    """Runs calls to one searcher in submission order on a daemon thread; the first
+    exception is raised again on the driver's next call."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.Queue[tuple[Callable[..., Any], tuple[Any, ...]] | None] = \
+            queue.Queue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, daemon=True,
+                                        name=f"dasktune-searcher-{name}")
+        self._thread.start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        self._jobs.put((fn, args))
+
+    def drain(self) -> None:
+        """Wait until every submitted call has run."""
+        self._jobs.join()
+        self.raise_error()
+
+    def raise_error(self) -> None:
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def close(self) -> None:
+        self._jobs.put(None)
+
+    def _loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                if job is None:
+                    return
+                fn, args = job
+                fn(*args)
+            except BaseException as exc:  # noqa: BLE001 - raised on the driver's thread
+                if self._error is None:
+                    self._error = exc
+            finally:
+                self._jobs.task_done()
 
 
 def _merge(base: dict, update: Mapping) -> dict:
