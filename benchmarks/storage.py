@@ -9,8 +9,9 @@ checkpoint shape (1 MiB x 100 files, 256 MiB x 2 files), measures in the same ru
 - the peak growth of this process's RSS while saving and restoring, which must not
   grow with the checkpoint's size (transfers stream from and to disk).
 
-Each target and shape runs in a fresh process (dasktune's transfers before the raw
-ones), and moto in another, so no one else's allocations count as ours.
+Each target and shape runs in a fresh process whose memory is measured on dasktune's
+first save and restore, before any raw transfer, and moto runs in another process, so
+no one else's allocations count as ours. Timings then alternate dasktune and raw.
 
     python benchmarks/storage.py            # full sizes
     python benchmarks/storage.py --small    # 1 MiB x 20 and 16 MiB x 2
@@ -95,14 +96,18 @@ def make_files(root: str, n: int, size: int) -> str:
     return src
 
 
-def best_of(reps: int, fn: Callable[[], object], between: Callable[[], object]) -> float:
-    times = []
+def best_of_interleaved(reps: int, ours: Callable[[], object], raw: Callable[[], object],
+                        between: Callable[[], object]) -> tuple[float, float]:
+    """Best times of ``ours`` and ``raw``, run alternately (page cache, disk writeback and
+    the endpoint's warm-up then favour neither side)."""
+    times: dict[str, list[float]] = {"ours": [], "raw": []}
     for _ in range(reps):
-        between()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+        for key, fn in (("ours", ours), ("raw", raw)):
+            between()
+            t0 = time.perf_counter()
+            fn()
+            times[key].append(time.perf_counter() - t0)
+    return min(times["ours"]), min(times["raw"])
 
 
 def start_moto() -> tuple[subprocess.Popen, str]:
@@ -151,17 +156,23 @@ def bench_shape(name: str, storage: ExperimentStorage, n: int, size: int, work: 
         shutil.rmtree(out, ignore_errors=True)
         os.makedirs(out)
 
-    # dasktune first, in a fresh process (see main): raw transfers run afterwards, so
-    # their own allocations cannot hide in, or inflate, dasktune's memory figure
+    # Memory first, in a fresh process (see main), before any raw transfer: what raw
+    # transfers allocate and free could hide, or inflate, dasktune's growth.
+    clean()
     with PeakRss() as rss_save:
-        t_save = best_of(reps, save, clean)
-    ckpt = Checkpoint(storage.commit_checkpoint(src, trial, 0, {}), fs)
+        ckpt = Checkpoint(storage.commit_checkpoint(src, trial, 0, {}), fs)
+    wipe()
     with PeakRss() as rss_restore:
-        t_restore = best_of(reps, lambda: ckpt.to_directory(out), wipe)
-    t_put = best_of(reps, raw_put, clean)
+        ckpt.to_directory(out)
+    # Then timings, dasktune and raw alternately, of the same files.
+    t_save, t_put = best_of_interleaved(reps, save, raw_put, clean)
+    clean()
+    ckpt = Checkpoint(storage.commit_checkpoint(src, trial, 0, {}), fs)
     raw_put()
-    t_get = best_of(reps, lambda: fs.get([f"{raw_dir}/{x}" for x in names],
-                                         [os.path.join(out, x) for x in names]), wipe)
+    t_restore, t_get = best_of_interleaved(
+        reps, lambda: ckpt.to_directory(out),
+        lambda: fs.get([f"{raw_dir}/{x}" for x in names], [os.path.join(out, x) for x in names]),
+        wipe)
     wipe()
     clean()
     shutil.rmtree(src)
@@ -202,7 +213,7 @@ def run_one(target: str, n: int, size: int, endpoint: str | None, reps: int) -> 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--small", action="store_true", help="1 MiB x 20 and 16 MiB x 2")
-    parser.add_argument("--reps", type=int, default=2, help="repetitions (best is kept)")
+    parser.add_argument("--reps", type=int, default=3, help="repetitions (best is kept)")
     parser.add_argument("--targets", default="local,s3", help="comma-separated: local,s3")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # child: "target:n:size"
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)

@@ -15,7 +15,7 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from dasktune.storage import MANIFEST, redact, retry, transfer_kwargs
+from dasktune.storage import MANIFEST, get_files, redact, retry
 
 # Where set_metadata stores the user's metadata, as Ray 2.x names it.
 METADATA_FILE = ".metadata.json"
@@ -68,10 +68,9 @@ class Checkpoint:
             for lp in lpaths:
                 os.makedirs(os.path.dirname(lp), exist_ok=True)
             if files:
-                # One call for all files: fsspec streams each from the store to disk,
-                # and async stores (s3, gcs) fetch them concurrently.
-                kw = transfer_kwargs(fs, "get")  # bounded memory, whatever the size
-                retry(lambda: fs.get(files, lpaths, **kw), self.uri)
+                # Files (and ranges of big ones) fetched concurrently, each streamed to
+                # disk: memory stays bounded whatever the checkpoint's size.
+                retry(lambda: get_files(fs, files, lpaths), self.uri)
         return dest
 
     @property

@@ -208,3 +208,47 @@ class TcpProxy:
         self._closed = True
         self.down()
         self.sock.close()
+
+
+class MotoProcess:
+    """moto's S3 server in a process of its own, for tests that measure this process's
+    memory: an in-process server would count the objects it stores as ours."""
+
+    def __init__(self) -> None:
+        import subprocess
+        import sys
+
+        from conftest import free_port, wait_for
+
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        def listening() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"moto server exited with {self.proc.returncode}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                return True
+            except OSError:
+                return False
+
+        wait_for(listening, timeout=60, what="moto server process to listen")
+
+    def new_bucket(self) -> str:
+        name = f"dt-{uuid.uuid4().hex[:10]}"
+        s3_fs(self.endpoint).mkdir(name)
+        return name
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def moto_s3_process() -> Iterator[MotoProcess]:
+    server = MotoProcess()
+    yield server
+    server.stop()

@@ -9,9 +9,11 @@ Tuner runs with workers in other processes are in ``test_s3.py`` (S3) and
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import posixpath
+import threading
 import uuid
 
 import cloudpickle
@@ -91,7 +93,17 @@ def crash_after_files(fs, n: int):
                 hook()
                 return await base._put_file(self, lpath, rpath, **kw)
 
-        attrs = {"_put_file": _put_file}
+        async def _call_s3(self, method, *args, **kw):
+            # dasktune drives s3fs's requests itself: one file starts with one of these
+            if method in ("put_object", "create_multipart_upload"):
+                if not lock:
+                    lock.append(asyncio.Lock())
+                async with lock[0]:
+                    hook()
+                    return await base._call_s3(self, method, *args, **kw)
+            return await base._call_s3(self, method, *args, **kw)
+
+        attrs = {"_put_file": _put_file, "_call_s3": _call_s3}
     else:
         def put_file(self, lpath, rpath, **kw):
             hook()
@@ -439,3 +451,84 @@ def test_transfers_have_bounded_memory(moto_s3):
     assert transfer_kwargs(MemoryFileSystem(), "put") == {}
     with pytest.raises(ValueError, match="op"):
         transfer_kwargs(fs, "copy")
+
+
+moto_s3_process = test_s3_support.moto_s3_process
+
+
+class PeakRss:
+    """This process's peak RSS growth while the block runs, sampled in a thread."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self.proc = psutil.Process()
+        self.growth = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.growth = max(self.growth, self.proc.memory_info().rss - self.base)
+            self._stop.wait(0.005)
+
+    def __enter__(self) -> PeakRss:
+        self.base = self.proc.memory_info().rss
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.growth = max(self.growth, self.proc.memory_info().rss - self.base)
+
+
+def _digest(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(2**20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize("part_mib", [16, 64])  # multipart with parallel parts; one PUT
+def test_large_s3_checkpoint_streams_with_bounded_memory(moto_s3_process, tmp_path, part_mib):
+    """A 64 MiB file among small ones commits to S3 and restores byte for byte while
+    this process's memory grows by a fraction of the file (moto runs in another
+    process, so its copy of the objects does not count)."""
+    MiB = 2**20
+    src = tmp_path / "ckpt"
+    (src / "sub").mkdir(parents=True)
+    with open(src / "model.bin", "wb") as f:
+        for _ in range(64):
+            f.write(os.urandom(MiB))
+    for i, size in enumerate((10, 300_000, 3 * MiB)):
+        (src / "sub" / f"small{i}.bin").write_bytes(os.urandom(size))
+    store = ExperimentStorage(f"s3://{moto_s3_process.new_bucket()}/runs", "exp",
+                              storage_options=s3_options(moto_s3_process.endpoint))
+    tdir = trial_dir(store)
+    warm = make_ckpt(tmp_path, "warm")  # sessions, imports, pools: not the transfer's
+    Checkpoint(store.commit_checkpoint(warm, tdir, 0, {}), store.fs).to_directory(
+        str(tmp_path / "warm-out"))
+    with dask.config.set({"dasktune.storage.transfer.s3-part-size": part_mib * MiB}):
+        with PeakRss() as save:
+            path = store.commit_checkpoint(str(src), tdir, 1, {"iter": 1})
+    assert store.is_committed(path)
+    assert store.latest_committed_checkpoint(tdir) == path
+    out = tmp_path / "out"
+    with PeakRss() as restore:
+        Checkpoint(path, store.fs).to_directory(str(out))
+    fetched = tmp_path / "fetched"  # the store's own download: parallel ranged GETs
+    with dask.config.set({"dasktune.storage.transfer.s3-part-size": part_mib * MiB}):
+        with PeakRss() as download:
+            store.download(path, str(fetched))
+    files = sorted(p.relative_to(src).as_posix() for p in src.rglob("*") if p.is_file())
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == files
+    for rel in files:
+        assert _digest(str(out / rel)) == _digest(str(src / rel)), rel
+        assert _digest(str(fetched / rel)) == _digest(str(src / rel)), rel
+    assert (fetched / MANIFEST).is_file()
+    # s3fs's own put would hold the 64 MiB file (or 50 MiB parts) in memory
+    assert save.growth < 24 * MiB, f"save grew RSS by {save.growth / MiB:.1f} MiB"
+    assert restore.growth < 24 * MiB, f"restore grew RSS by {restore.growth / MiB:.1f} MiB"
+    assert download.growth < 24 * MiB, f"download grew RSS by {download.growth / MiB:.1f} MiB"
