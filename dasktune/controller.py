@@ -117,6 +117,7 @@ class TuneController:
         save_state: Callable[[TuneController], None] | None = None,
         can_scale: bool = False,
         reporter: Any = None,
+        path_check: Any = None,
         tune_config: TuneConfig | None = None,
     ):
         self.trainable = trainable
@@ -146,6 +147,8 @@ class TuneController:
         self._by_id = {t.trial_id: t for t in self.trials}
         self._save_state = save_state
         self._can_scale = can_scale
+        # Local storage: workers that join later are checked before their first trial.
+        self._path_check = path_check
         self._reporter = reporter
         self._ctx = _Context(self)
         self._action: dict[str, str] = {}
@@ -322,6 +325,12 @@ class TuneController:
 
     def _try_start(self, trial: Trial) -> bool:
         worker = self.executor.place(trial.resources)
+        while worker is not None and self._path_check is not None and \
+                self._path_check.blind([worker]):
+            logger.warning("worker %s cannot see the storage folder %s (another host or "
+                           "mount): no trials will run on it", worker, self.storage.uri)
+            self.executor.exclude(worker)
+            worker = self.executor.place(trial.resources)
         if worker is None:
             why = self.executor.can_ever_fit(trial.resources)
             if why is not None and not self._can_scale:

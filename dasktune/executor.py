@@ -99,6 +99,7 @@ class DaskExecutor:
         self._closed = False
         self._pending_stop: dict[str, bool] = {}
         self._retiring: set[str] = set()
+        self._excluded: set[str] = set()  # never placed on (see exclude)
         self._gone: set[str] = set()
         self._watching = False
         self._idle: dict[str, list[tuple[str, Future]]] = {}
@@ -202,7 +203,7 @@ class DaskExecutor:
         """The worker with the most free CPU that fits ``resources`` now, or None."""
         best, best_cpu = None, -1.0
         for addr in sorted(self.workers()):
-            if addr in self._retiring or addr in self._gone or \
+            if addr in self._retiring or addr in self._gone or addr in self._excluded or \
                     self._suspect.get(addr, 0.0) > time.monotonic():
                 continue
             free = self.free(addr)
@@ -217,6 +218,10 @@ class DaskExecutor:
                 if cpu > best_cpu:
                     best, best_cpu = addr, cpu
         return best
+
+    def exclude(self, addr: str) -> None:
+        """Never place a trial on ``addr`` again (it cannot see the storage folder)."""
+        self._excluded.add(addr)
 
     def _gpu_alloc(self, addr: str) -> GPUAllocator:
         return self._gpus.setdefault(addr, GPUAllocator())

@@ -92,7 +92,7 @@ class Tuner:
             trials = []
         storage.check_writable()
         client, cluster = runtime.get_client()
-        tuner_build.check_shared_storage(client, storage)
+        path_check = tuner_build.open_path_check(client, storage)
         executor = DaskExecutor(client)
         executor.watch_cluster()
         params = tuner_build.scatter_params(client, self._trainable)
@@ -124,6 +124,7 @@ class Tuner:
             trials=trials,
             save_state=state_writer,
             can_scale=tuner_build.cluster_can_scale(cluster, client),
+            path_check=path_check,
             reporter=tuner_build.make_reporter(rc, tc),
             tune_config=tc,
         )
@@ -133,6 +134,8 @@ class Tuner:
         finally:
             for fut in params.values():
                 fut.release()
+            if path_check is not None:
+                path_check.close()
         cc = rc.checkpoint_config
         self._results = ResultGrid(controller.trials, storage, metric=tc.metric, mode=tc.mode,
                                    score_attr=cc.checkpoint_score_attribute if cc else None,

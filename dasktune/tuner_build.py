@@ -271,41 +271,24 @@ def cluster_can_scale(cluster: Any, client: Any) -> bool:
     return bool(getattr(cluster, "dasktune_can_scale", False))
 
 
-def check_shared_storage(client: Any, storage: ExperimentStorage) -> None:
-    """Refuse a local path that some worker host cannot see (unless it is shared).
-
-    The driver writes a marker file with a random token; every worker checks that it
-    can read the same token at the same path. A worker that cannot is on another
-    host (or another mount namespace) with a private disk.
-    """
+def open_path_check(client: Any, storage: ExperimentStorage) -> Any:
+    """For a local ``storage_path``: a :class:`~dasktune.shared_path.SharedPathCheck`
+    that every current worker passed (else ValueError), kept for workers that join
+    later; None for remote storage. The caller closes it."""
     if not storage.is_local:
-        return
-    import os
+        return None
+    from dasktune.shared_path import SharedPathCheck
 
-    token = uuid.uuid4().hex
-    marker = storage.path(f".dasktune-marker-{token[:8]}")
-    storage.makedirs(storage.experiment_path)
-    with open(marker, "w") as f:
-        f.write(token)
-    try:
-        def _check(path: str = marker, expected: str = token) -> bool:
-            try:
-                with open(path) as fh:
-                    return fh.read() == expected
-            except OSError:
-                return False
-
-        seen = client.run(_check)
-        blind = sorted(addr for addr, ok in seen.items() if not ok)
-    finally:
-        try:
-            os.unlink(marker)
-        except OSError:
-            pass
+    check = SharedPathCheck(client, storage)
+    blind = check.blind()
     if blind:
-        raise ValueError(
-            f"storage_path {storage.storage_root!r} is a local folder that the workers "
-            f"{', '.join(blind)} cannot see (they run on another host or mount). Use cloud "
-            "storage (RunConfig(storage_path='s3://bucket/path')) or a filesystem shared by "
-            "every node (NFS, EFS)."
-        )
+        check.close()
+        raise ValueError(check.refusal(blind))
+    return check
+
+
+def check_shared_storage(client: Any, storage: ExperimentStorage) -> None:
+    """Refuse a local path that some worker host cannot see (unless it is shared)."""
+    check = open_path_check(client, storage)
+    if check is not None:
+        check.close()

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -82,6 +83,51 @@ def test_private_local_path_is_refused(dask_processes, tmp_path, monkeypatch):
             tune.Tuner(train, run_config=rc).fit()
         exp = hidden / "results" / "exp"
         assert not any(p.name.startswith("train") for p in exp.iterdir())
+        assert not any(p.name.startswith(".dasktune-marker") for p in exp.iterdir())
+    finally:
+        client.close()
+
+
+def test_worker_joining_later_that_cannot_see_storage_gets_no_trials(
+        dask_processes, tmp_path, monkeypatch, caplog):
+    """A blind worker that joins mid-experiment is left out; the run goes on elsewhere."""
+    hidden = tmp_path / "private"
+    (hidden / "results").mkdir(parents=True)
+    procs = dask_processes(n_workers=1)
+    procs.wait_workers(1)
+    client = procs.client()
+    shared_worker = next(iter(client.scheduler_info()["workers"]))
+
+    class JoinPrivateWorker(tune.Callback):
+        """When the first trial starts, a blind worker joins (before the next trial)."""
+
+        started = False
+
+        def on_trial_start(self, iteration, trials, trial, **info):
+            if not self.started:
+                self.started = True
+                add_private_worker(procs, str(hidden))
+                procs.wait_workers(2)
+
+    def steps(config):
+        for i in range(3):
+            time.sleep(0.05)
+            tune.report({"i": i})
+
+    try:
+        monkeypatch.setattr(runtime, "_client", client)
+        monkeypatch.setattr(runtime, "_cluster", None)
+        rc = tune.RunConfig(name="late", storage_path=str(hidden / "results"), verbose=0,
+                            callbacks=[JoinPrivateWorker()])
+        with caplog.at_level("WARNING", logger="dasktune.controller"):
+            results = tune.Tuner(steps, tune_config=tune.TuneConfig(num_samples=4),
+                                 run_config=rc).fit()
+        assert len(client.scheduler_info()["workers"]) == 2
+        assert results.num_errors == 0 and results.num_terminated == 4
+        assert {r.metrics["worker"] for r in results} == {shared_worker}
+        assert all(r.metrics["training_iteration"] == 3 for r in results)
+        assert any("cannot see the storage folder" in m for m in caplog.messages)
+        exp = hidden / "results" / "late"
         assert not any(p.name.startswith(".dasktune-marker") for p in exp.iterdir())
     finally:
         client.close()
