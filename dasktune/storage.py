@@ -467,9 +467,8 @@ class ExperimentStorage:
 
         def _write() -> None:
             if self.is_local:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
                 tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-                with open(tmp, "wb") as f:
+                with _open_creating(tmp, "wb") as f:
                     f.write(data)
                     if durable:
                         f.flush()
@@ -632,6 +631,16 @@ class ExperimentStorage:
         return self.__dict__.copy()
 
 
+def _open_creating(path: str, mode: str) -> Any:
+    """``open`` a local file, creating its folder only when it is missing (a trial
+    writes several files into one folder: no makedirs call per file)."""
+    try:
+        return open(path, mode)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return open(path, mode)
+
+
 class AppendFile:
     """A result file the driver appends to.
 
@@ -654,8 +663,7 @@ class AppendFile:
         self._has_dir = False
         self.closed = False
         if storage.is_local:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            self._fh: io.BufferedWriter | Any = open(path, "ab")
+            self._fh: io.BufferedWriter | Any = _open_creating(path, "ab")
             self._spool = None
         else:
             self._spool = tempfile.NamedTemporaryFile(prefix="dasktune-", delete=False)
