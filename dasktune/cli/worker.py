@@ -193,6 +193,10 @@ def plan_launches(
             # Workers need unique names; dask appends "-<i>" itself for --nworkers.
             argv += ["--name", f"{name}-gpu{i}" if one_worker_per_gpu else name]
         argv += ["--resources", _resources_arg(res)]
+        if "dasktune.actor" not in passthrough:
+            # The trial actor's module is imported as the worker starts, not inside the
+            # first trial placed on it.
+            argv += ["--preload", "dasktune.actor"]
         launches.append(Launch(argv, env))
     return launches
 
