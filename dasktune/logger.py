@@ -15,10 +15,11 @@ import json
 import logging
 import math
 import numbers
-import pickle
 import socket
 import time
 from typing import TYPE_CHECKING, Any
+
+import cloudpickle
 
 from dasktune import _dask_config, _tfevents
 from dasktune.callback import Callback
@@ -185,7 +186,7 @@ class JsonLoggerCallback(_PerTrialFiles):
         self._unwritten[f"{trial.path}/{EXPR_PARAM_FILE}"] = json.dumps(
             trial.config, indent=2, sort_keys=True, default=_json_default).encode()
         try:
-            data = pickle.dumps(trial.config)
+            data = cloudpickle.dumps(trial.config)  # as Ray: lambdas and classes too
         except Exception:  # noqa: BLE001 - a config with unpicklable values keeps params.json
             data = None
         if data is not None:

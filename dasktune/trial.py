@@ -4,14 +4,22 @@ A :class:`Trial` is owned by the driver loop (``controller.py``). Searchers and
 schedulers read it; only the controller changes its status, through
 :meth:`Trial.set_status`, which refuses transitions the machine does not allow.
 Everything a restore needs is in :meth:`Trial.to_state` / :meth:`Trial.from_state`
-(plain JSON types), so the experiment state never pickles live objects.
+(plain JSON types; a config that JSON cannot carry exactly also goes along pickled),
+so the experiment state never pickles live objects.
 """
 
 from __future__ import annotations
 
+import base64
+import json
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+import cloudpickle
+
+logger = logging.getLogger(__name__)
 
 PENDING = "PENDING"
 RUNNING = "RUNNING"
@@ -173,17 +181,46 @@ class Trial:
     # --------------------------------------------------------------- state
     def to_state(self) -> dict[str, Any]:
         """JSON-able snapshot for the experiment state file."""
-        state = {k: v for k, v in self.__dict__.items() if k != "placements"}
+        state = {k: v for k, v in self.__dict__.items()
+                 if k != "placements" and not k.startswith("_")}
         state["placements"] = [p.__dict__ for p in self.placements]
+        state["config_pickle"] = self._config_pickle()
         return state
+
+    def _config_pickle(self) -> str | None:
+        """The config, cloudpickled (base64), when JSON would not give it back as it is
+        (a class or function from ``tune.choice``, tuples, NaN): a restored trial must
+        resume with the very values it started with. Computed once per config."""
+        cached = self.__dict__.get("_pickled")
+        if cached is not None and cached[0] is self.config:
+            return cached[1]
+        try:
+            exact = json.loads(json.dumps(self.config)) == self.config
+        except (TypeError, ValueError):
+            exact = False
+        blob = None
+        if not exact:
+            try:
+                blob = base64.b64encode(cloudpickle.dumps(self.config)).decode()
+            except Exception:  # noqa: BLE001 - unpicklable: the JSON rendering is all there is
+                blob = None
+        self.__dict__["_pickled"] = (self.config, blob)
+        return blob
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Trial:
         state = dict(state)
         placements = [Placement(**p) for p in state.pop("placements", [])]
+        blob = state.pop("config_pickle", None)
         known = {f for f in cls.__dataclass_fields__}
         trial = cls(**{k: v for k, v in state.items() if k in known})
         trial.placements = placements
+        if blob:
+            try:
+                trial.config = cloudpickle.loads(base64.b64decode(blob))
+            except Exception as exc:  # noqa: BLE001 - e.g. a class no longer importable
+                logger.warning("trial %s: its exact config could not be loaded (%r); "
+                               "using the JSON rendering", trial.trial_id, exc)
         return trial
 
     def __repr__(self) -> str:

@@ -17,6 +17,7 @@ import shutil
 import signal
 import tempfile
 import time
+from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
@@ -161,6 +162,36 @@ def test_restored_get_results_is_the_saved_state(client, tmp_path, mode):
     before = tune.Tuner.restore(path, sometimes_failing, **{mode: True}).get_results()
     assert len(before) == 4 and _its(before) == [2, 1, 2, 1]
     assert len(before.errors) == 2
+
+
+def typed_config(config: dict[str, Any]) -> None:
+    """Fails once (while the marker exists) after a checkpoint; checks its config's types
+    on every attempt, so a resumed attempt that got JSON-rendered values errors."""
+    assert config["kind"] is OrderedDict and config["shape"] == (2, 3), config
+    assert callable(config["scale"]) and config["scale"](2) == 4
+    state = _state(tune.get_checkpoint())
+    state["it"] += 1
+    _report_checkpointed(state)
+    if os.path.exists(config["marker"]):
+        raise RuntimeError("fail once")
+    state["it"] += 1
+    _report_checkpointed(state)
+
+
+def test_resumed_trial_gets_its_exact_config(client, tmp_path):
+    """A class, a tuple and a function in the config survive the state file: the resumed
+    attempt sees the very values the first one had (Ray pickles trial configs too)."""
+    marker = tmp_path / "fail-once"
+    marker.write_text("")
+    space = {"kind": tune.choice([OrderedDict]), "shape": (2, 3),
+             "scale": tune.sample_from(lambda spec: lambda x: x * 2), "marker": str(marker)}
+    rc = tune.RunConfig(name="typed", storage_path=str(tmp_path), verbose=0)
+    first = tune.Tuner(typed_config, param_space=space, run_config=rc).fit()
+    assert len(first.errors) == 1 and "fail once" in str(first.errors[0])
+    marker.unlink()
+    results = tune.Tuner.restore(str(tmp_path / "typed"), typed_config,
+                                 resume_errored=True).fit()
+    assert results.num_errors == 0 and results[0].metrics["it"] == 3
 
 
 # ------------------------------------------------------- 7. torn checkpoint write

@@ -145,6 +145,14 @@ class BasicVariantGenerator(SearchAlgorithm):
         grid_vars, spec = self._batch()[self._batch_index]
         self._batch_index += 1
         config, resolved = sp.resolve(spec, self._rng, fixed=self._batch_fixed)
+        # The variant was built from list copies: the tuples of the param space and of
+        # the chosen grid values come back (grid values first: tuples are immutable).
+        for path, value in grid_vars.items():
+            node = config
+            for key in path[:-1]:
+                node = node[key]
+            node[path[-1]] = sp.restore_tuples(value, node[path[-1]])
+        config = sp.restore_tuples(self._space, config)
         tag_vars = {**grid_vars, **resolved}
         tag = str(self._counter) + (f"_{sp.format_vars(tag_vars)}" if tag_vars else "")
         trial_id = self._trial_id()
