@@ -10,7 +10,14 @@ Real ``dask scheduler`` / ``dask worker --no-nanny`` processes on 127.0.0.1. Usa
    and signal -> the new attempt's trainable running (its first line in the side file).
 2. Iterations lost per kill: iterations the killed attempt executed past the checkpoint
    the next attempt resumed from (checkpoint every ``k``; at most ``k``).
-3. Overhead: the same 8-trial x 60-iteration experiment with and without 5 kills (ratio of wall times).
+3. Overhead: the same 8-trial experiment (``--iters`` iterations of 0.1 s each) with and
+   without ``--overhead-kills`` kills (ratio of wall times). The kill moments are seeded
+   iterations spread over the run (one per slice), each victim a random running trial's worker,
+   and each killed worker is replaced, as a cluster manager keeps a pool at its size; the
+   next kill waits until the replacement has joined (``--kill-before-replaced`` drops that
+   wait). Without the wait, kills come faster than a Python worker process starts (about
+   1.5-2.5 s on two shared CPUs), so the trials of the next killed worker find no free
+   slot and the figure measures interpreter start-up, not recovery.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ def trainable(config: dict[str, Any]) -> None:
     for i in range(restored + 1, config["iters"] + 1):
         time.sleep(config["sleep"])
         with open(os.path.join(d, "executed.jsonl"), "a") as f:
-            f.write(json.dumps({"attempt": attempt, "it": i}) + "\n")
+            f.write(json.dumps({"attempt": attempt, "it": i, "t": time.time()}) + "\n")
         ck = tmp = None
         if i % config["k"] == 0:
             tmp = tempfile.mkdtemp()
@@ -83,6 +90,7 @@ class Cluster:
             ["distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", str(port),
              "--dashboard-address", "127.0.0.1:0"], "scheduler"))
         self.workers: list[subprocess.Popen] = []
+        self._client: Any = None
 
     def _spawn(self, args: list[str], name: str) -> subprocess.Popen:
         log = open(os.path.join(self.logdir, f"{name}-{len(self.procs)}.log"), "wb")
@@ -97,10 +105,20 @@ class Cluster:
         self.workers.append(p)
         return p
 
+    def wait_workers(self, n: int) -> None:
+        """Until the scheduler has ``n`` workers (a replacement has joined)."""
+        from distributed import Client
+
+        if self._client is None:
+            self._client = Client(self.address, set_as_default=False)
+        self._client.wait_for_workers(n, timeout=60)
+
     def live(self, pid: int) -> subprocess.Popen | None:
         return next((p for p in self.workers if p.pid == pid and p.poll() is None), None)
 
     def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
         for p in self.procs:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
@@ -126,10 +144,19 @@ def _wait(pred, timeout: float = 60.0) -> Any:
 
 
 def run_experiment(cluster: Cluster, root: str, name: str, n_trials: int, kills: int,
-                   seed: int, iters: int, k: int, sleep: float, cpus: int
-                   ) -> dict[str, Any]:
-    """One experiment; ``kills`` workers SIGKILLed (each replaced) at seeded moments."""
+                   seed: int, iters: int, k: int, sleep: float, cpus: int,
+                   wait_replaced: bool = True) -> dict[str, Any]:
+    """One experiment; ``kills`` workers SIGKILLed (each replaced) at seeded moments.
+
+    Kill ``j`` happens once a randomly chosen running trial has passed a random
+    iteration in the ``j``-th of ``kills`` equal slices of the first 60% of the run (the
+    replacements' start-up delays kills, and one near the end may find every trial done); with ``wait_replaced`` the next kill
+    also waits for the killed worker's replacement to join."""
     rng = random.Random(seed)
+    span = (int(iters * 0.6) - 2) / max(kills, 1)
+    moments = [rng.randint(2 + int(j * span), 2 + int((j + 1) * span) - 1)
+               for j in range(kills)]
+    n_workers = len([p for p in cluster.workers if p.poll() is None])
     cb = Recovered()
     exp = os.path.join(root, name)
     tuner = tune.Tuner(
@@ -142,13 +169,16 @@ def run_experiment(cluster: Cluster, root: str, name: str, n_trials: int, kills:
     t0 = time.time()
     thread.start()
     events = []
-    for _ in range(kills):
-        at = rng.randint(2, iters - 3)
+    for at in moments:
+        # Shuffled once per kill: the victim is a random eligible trial, not the first.
+        order_seed = rng.random()
 
-        def victim(at: int = at) -> Any:
+        def victim(at: int = at, order_seed: float = order_seed) -> Any:
             if not os.path.isdir(exp):
                 return None
-            for d in sorted(os.listdir(exp)):
+            names = sorted(os.listdir(exp))
+            random.Random(order_seed).shuffle(names)
+            for d in names:
                 attempts = _jsonl(os.path.join(exp, d, "attempts.jsonl"))
                 if not attempts:
                     continue
@@ -179,6 +209,8 @@ def run_experiment(cluster: Cluster, root: str, name: str, n_trials: int, kills:
         nxt = _wait(lambda n=n_attempts, path=path: (lambda a: a[n] if len(a) > n else None)(
             _jsonl(path)))
         _wait(lambda n=n_recovered: len(cb.times) > n)
+        if wait_replaced:
+            cluster.wait_workers(n_workers)
         reached = max(r["it"] for r in _jsonl(os.path.join(exp, d, "executed.jsonl"))
                       if r["attempt"] == attempt)
         events.append({"noticed_s": cb.times[n_recovered] - t_kill,
@@ -194,6 +226,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kills", type=int, default=10, help="kills for the latency median")
     ap.add_argument("--overhead-kills", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=150,
+                    help="iterations (0.1 s each) per trial of the overhead experiment")
+    ap.add_argument("--kill-before-replaced", action="store_true",
+                    help="do not wait for a killed worker's replacement before the next kill")
     args = ap.parse_args()
     root = tempfile.mkdtemp(prefix="dasktune-recovery-")
     cluster = Cluster(root)
@@ -221,12 +257,13 @@ def main() -> None:
         print(f"iterations lost per kill (k=3):  mean {statistics.mean(lost):.2f}, "
               f"max {max(lost)}  {lost}")
         # 3: overhead of kills on a whole experiment.
-        base = run_experiment(cluster, root, "base", n_trials=8, kills=0, seed=0, iters=60,
-                              k=4, sleep=0.1, cpus=4)
+        base = run_experiment(cluster, root, "base", n_trials=8, kills=0, seed=0,
+                              iters=args.iters, k=4, sleep=0.1, cpus=4)
         chaos = run_experiment(cluster, root, "chaos", n_trials=8, kills=args.overhead_kills,
-                               seed=1, iters=60, k=4, sleep=0.1, cpus=4)
-        print(f"8 trials x 60 it (k=4): fault-free {base['wall_s']:.2f}s, with "
-              f"{args.overhead_kills} kills {chaos['wall_s']:.2f}s, ratio "
+                               seed=1, iters=args.iters, k=4, sleep=0.1, cpus=4,
+                               wait_replaced=not args.kill_before_replaced)
+        print(f"8 trials x {args.iters} it (k=4): fault-free {base['wall_s']:.2f}s, with "
+              f"{len(chaos['events'])} kills {chaos['wall_s']:.2f}s, ratio "
               f"{chaos['wall_s'] / base['wall_s']:.2f}x; lost per kill "
               f"{[e['lost'] for e in chaos['events']]}")
     finally:

@@ -67,6 +67,10 @@ class TrialActor:
         self._finished = False
         self._error: str | None = None
         self._stop_now = threading.Event()
+        # Set with _stop_now when no driver will collect this attempt (its task left the
+        # worker, or no poll came): unlike a driver's stop, it commits nothing more.
+        self._fenced = threading.Event()
+        self.fenced_reason: str | None = None
         self._stop_after_checkpoint = threading.Event()
         self._checkpoint_now = threading.Event()  # a driver-side request (Callback)
         self._kept: Any = None  # a class trainable's instance, kept for reuse_actors
@@ -100,10 +104,20 @@ class TrialActor:
         while self._thread is not None and self._thread.is_alive():
             await asyncio.sleep(min(1.0, timeout / 4))
             if time.monotonic() - self._last_poll > timeout:
-                self._stop_now.set()
-                with self._cond:
-                    self._cond.notify_all()
+                self.fence(f"no driver polled it for {timeout:.0f}s")
                 return
+
+    def fence(self, reason: str) -> None:
+        """Stop the attempt at its next report or step boundary, for good: no driver will
+        collect it, so it must commit no further checkpoint (a restored driver's new
+        attempt writes into the same trial folder). Called on the worker's event loop
+        by :class:`~dasktune.recovery.FencePlugin` and by the orphan watchdog."""
+        if self.fenced_reason is None:
+            self.fenced_reason = reason
+        self._fenced.set()
+        self._stop_now.set()
+        with self._cond:
+            self._cond.notify_all()
 
     async def poll(self, ack: int, wait: float = 0.2, attempt: str | None = None
                    ) -> dict[str, Any]:
@@ -295,7 +309,8 @@ class TrialActor:
                     try:
                         session.report(result, checkpoint=checkpoint)
                     except StopTrial:
-                        if spec.checkpoint_at_end and ckpt_dir is None:
+                        if spec.checkpoint_at_end and ckpt_dir is None and \
+                                not self._fenced.is_set():
                             self._save_only(inst, session)
                         return
                 finally:
@@ -316,6 +331,8 @@ class TrialActor:
 
     def _save_only(self, inst: Any, session: TrialSession) -> None:
         """A checkpoint with no new result (pause, graceful move, checkpoint_at_end)."""
+        if self._fenced.is_set():
+            return  # nobody would log it; a new attempt may already write this trial
         ckpt_dir = inst.save(tempfile.mkdtemp(prefix="dasktune-save-"))
         try:
             path = session.commit_checkpoint(

@@ -24,6 +24,16 @@ CLI's ``Nanny.close(timeout=10)``), so keep the timeout below that. With
 ``--no-nanny`` a SIGTERM gives no such chance: the trials are lost and restart from
 their newest committed checkpoints.
 
+A trial whose driver is gone must not run on: its thread cannot be killed, and it
+would go on committing checkpoints into the folder a restored driver's new attempt
+writes to. :class:`FencePlugin`, a worker plugin, stops a trial's attempt the
+moment its actor's task leaves the worker: the driver released its future (it gave
+the attempt up, or it shut down), or the scheduler dropped the client that held it
+(a driver killed: its connection closed). The trial stops at its next report or
+step boundary, within milliseconds of the release rather than after
+``dasktune.executor.orphan-timeout`` (the actor's own watchdog, kept as a fallback
+for a worker that cannot hear the scheduler either).
+
 Events go to the driver through ``log_event`` on the topic :data:`TOPIC`. The
 plugin keeps no trial state of its own; it only needs ``dasktune`` importable on
 the scheduler (``pip install dasktune`` there, as for any plugin).
@@ -42,6 +52,9 @@ if TYPE_CHECKING:
 TOPIC = "dasktune-cluster"
 PLUGIN_NAME = "dasktune-recovery"
 WORKER_PLUGIN_NAME = "dasktune-evacuate"
+FENCE_PLUGIN_NAME = "dasktune-fence"
+# Worker task states in which a key is no longer held there (its actor was dropped).
+_GONE_STATES = ("released", "forgotten")
 _NOTICE_STATUSES = ("closing_gracefully", "closing")
 
 
@@ -109,6 +122,51 @@ class EvacuatePlugin(WorkerPlugin):
             await asyncio.sleep(0.05)
 
 
+class FencePlugin(WorkerPlugin):
+    """Stops a :class:`~dasktune.actor.TrialActor`'s attempt once its task leaves the worker.
+
+    The worker drops an actor from ``worker.state.actors`` before it tells plugins of
+    the transition, so the plugin remembers each trial actor when its task reaches
+    ``memory`` (and, on setup, those already there) and fences it on the task's move to
+    ``released`` or ``forgotten``. Fencing is the watchdog's path
+    (:meth:`~dasktune.actor.TrialActor.fence`): a flag and a notify, so it is cheap on
+    the worker's event loop, where transitions run.
+    """
+
+    idempotent = True
+    name = FENCE_PLUGIN_NAME
+
+    def __init__(self) -> None:
+        self._worker: Worker | None = None
+        self._actors: dict[Any, Any] = {}
+        self._cls: type | None = None
+
+    def setup(self, worker: Worker) -> None:
+        from dasktune.actor import TrialActor
+
+        self._worker, self._cls = worker, TrialActor
+        for key, actor in list(worker.state.actors.items()):
+            if isinstance(actor, TrialActor):
+                self._actors[key] = actor
+
+    def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any
+                   ) -> None:
+        if finish == "memory":
+            if self._worker is None or self._cls is None:
+                return
+            actor = self._worker.state.actors.get(key)
+            if isinstance(actor, self._cls):
+                self._actors[key] = actor
+        elif finish in _GONE_STATES:
+            actor = self._actors.pop(key, None)
+            if actor is not None:
+                actor.fence(f"its task {key!r} went from {start} to {finish} on the worker")
+
+    def teardown(self, worker: Worker) -> None:
+        # Not a fence: a closing worker's trials are moved by the driver (EvacuatePlugin).
+        self._actors.clear()
+
+
 def _busy(worker: Worker) -> bool:
     """Whether a trial on ``worker`` still runs or holds reports the driver lacks."""
     from dasktune.actor import TrialActor
@@ -136,4 +194,10 @@ def register(client: Any) -> bool:
         logging.getLogger(__name__).warning(
             "could not register the dasktune evacuate plugin on the workers (%r); a worker "
             "that closes (e.g. on SIGTERM) loses its trials instead of moving them.", exc)
+    try:
+        client.register_plugin(FencePlugin(), name=FENCE_PLUGIN_NAME)
+    except Exception as exc:  # noqa: BLE001 - the actors' orphan watchdog still stops them
+        logging.getLogger(__name__).warning(
+            "could not register the dasktune fence plugin on the workers (%r); a trial "
+            "whose driver is gone stops only after dasktune.executor.orphan-timeout.", exc)
     return True
