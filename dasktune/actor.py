@@ -81,9 +81,13 @@ class TrialActor:
         self._last_poll = time.monotonic()
 
     # ------------------------------------------------------------ actor API
-    async def start(self) -> dict[str, Any]:
-        """Start the user's code in its own thread; returns where it runs."""
+    async def start(self, spec: TrialSpec | None = None) -> dict[str, Any]:
+        """Start the user's code in its own thread; returns where it runs. With ``spec``,
+        a reused actor first takes that attempt (:meth:`reset`): one round trip."""
         from distributed import get_worker
+
+        if spec is not None:
+            await self.reset(spec)
 
         worker = get_worker()
         self._loop = asyncio.get_running_loop()
@@ -142,8 +146,9 @@ class TrialActor:
         if empty and wait > 0:
             try:
                 await asyncio.wait_for(self._wakeup.wait(), wait)
-                if not self.spec.sync_reports:
-                    # Linger a moment so a fast trial's reports travel in batches.
+                if not self.spec.sync_reports and not self._finished:
+                    # Linger a moment so a fast trial's reports travel in batches (not
+                    # once it ended: its slot waits for this reply).
                     await asyncio.sleep(_LINGER)
             except asyncio.TimeoutError:
                 pass
@@ -233,7 +238,8 @@ class TrialActor:
 
     def _run(self, worker_address: str) -> None:
         spec = self.spec
-        session = TrialSession(spec, self._emit, self._should_stop, worker_address)
+        session = TrialSession(spec, self._emit, self._should_stop, worker_address,
+                               fenced=self._fenced.is_set)
         _bind(session)
         try:
             if isolation.wants_process(spec):  # GPUs: a process that sees only its devices

@@ -32,6 +32,7 @@ from dasktune.executor import (
     REPORTS,
     START_FAILED,
     STARTED,
+    WORKER_ADDED,
     WORKER_LOST,
     WORKER_RETIRING,
     ExecEvent,
@@ -428,6 +429,8 @@ class TuneController:
         if event.kind == WORKER_LOST:
             self.executor.lose_worker(event.info["worker"])
             return
+        if event.kind == WORKER_ADDED:
+            return  # the step refills slots after any event but reports
         if event.kind == WORKER_RETIRING:
             addr = event.info["worker"]
             moved = self.move_trials_off(addr)

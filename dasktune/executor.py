@@ -55,6 +55,7 @@ LOST = "lost"
 START_FAILED = "start_failed"
 WORKER_LOST = "worker_lost"  # from the recovery plugin; trial_id is ""
 WORKER_RETIRING = "worker_retiring"
+WORKER_ADDED = "worker_added"  # wakes the driver loop: waiting trials are placed at once
 
 
 @dataclass
@@ -134,6 +135,7 @@ class DaskExecutor:
             elif msg.get("op") == "add-worker":
                 self._gone.discard(worker)
                 self._workers_at = 0.0
+                self._events.put(ExecEvent(WORKER_ADDED, "", 0, info={"worker": worker}))
 
         self.client.subscribe_topic(recovery.TOPIC, on_event)
         self._watching = True
@@ -478,18 +480,20 @@ class DaskExecutor:
         spec = run.spec
         tid, attempt = spec.trial_id, spec.attempt
         try:
-            if run.future is not None:  # a reused actor: load the new attempt into it
+            info = None
+            if run.future is not None:  # a reused actor: load the new attempt and start it
                 try:
-                    await self._call(run, "reset", spec, timeout=30.0)
+                    info = await self._call(run, "start", spec, timeout=30.0)
                 except Exception:  # noqa: BLE001 - a dead pooled actor: make a fresh one
                     run.future.release()
                     run.future = None
                     run.key = f"dasktune-{spec.trial_id}-{spec.attempt}"
-            if run.future is None:
-                await self._create(run, params)
-            if run.future is None:
-                return
-            info = await self._call(run, "start")
+            if info is None:
+                if run.future is None:
+                    await self._create(run, params)
+                if run.future is None:
+                    return
+                info = await self._call(run, "start")
             run.started = True
             self._events.put(ExecEvent(STARTED, tid, attempt, info=info))
             if tid in self._pending_stop:

@@ -14,7 +14,8 @@ from the child -- and talks to the parent over one socket pair:
 
 * child -> parent: ``("report", result, checkpoint_path)`` per report, relayed to the
   actor's ``_emit`` (whose bounded buffer is the back-pressure), then ``("done", error)``;
-* parent -> child: ``("stop", after_checkpoint)`` when the actor is asked to stop.
+* parent -> child: ``("stop", after_checkpoint)`` when the actor is asked to stop,
+  ``("fence",)`` when it was fenced (stop, and commit no further checkpoint).
 
 The child never outlives its trial: it exits when the socket closes (the worker went
 away) and, on Linux, is also killed by the kernel when the thread that started it dies
@@ -158,7 +159,9 @@ def _relay(actor: TrialActor, conn: Connection,
             actor._checkpoint_now.clear()
             conn.send_bytes(pickle.dumps(("checkpoint",)))
         if not sent_now and actor._stop_now.is_set():
-            conn.send_bytes(pickle.dumps(("stop", False)))
+            # A fenced attempt (no driver will collect it) must also commit nothing more.
+            conn.send_bytes(pickle.dumps(("fence",) if actor._fenced.is_set()
+                                         else ("stop", False)))
             sent_now = True
             kill_at = time.monotonic() + STOP_GRACE_S
         if kill_at is not None and time.monotonic() > kill_at:
@@ -233,6 +236,8 @@ def _watch_parent(conn: Connection, actor: TrialActor) -> None:
             (actor._stop_after_checkpoint if msg[1] else actor._stop_now).set()
             with actor._cond:
                 actor._cond.notify_all()
+        elif msg[0] == "fence":
+            actor.fence("fenced by the worker")
 
 
 def _child_main(fd: int, parent_pid: int) -> None:
@@ -257,7 +262,8 @@ def _child_main(fd: int, parent_pid: int) -> None:
     actor._emit = emit  # type: ignore[method-assign]  # the relay replaces the buffer
     threading.Thread(target=_watch_parent, args=(conn, actor), daemon=True,
                      name="dasktune-parent-watch").start()
-    session = TrialSession(spec, emit, actor._should_stop, worker_address)
+    session = TrialSession(spec, emit, actor._should_stop, worker_address,
+                           fenced=actor._fenced.is_set)
     _bind(session)
     error = None
     try:

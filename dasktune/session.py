@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dasktune.checkpoint import Checkpoint
+from dasktune.storage import CommitFenced
 
 if TYPE_CHECKING:
     from dasktune.storage import ExperimentStorage
@@ -72,10 +73,12 @@ class TrialSession:
     """The state of one trial attempt as seen from the user's code."""
 
     def __init__(self, spec: TrialSpec, emit: Callable[[dict[str, Any], str | None], None],
-                 should_stop: Callable[..., bool], worker_address: str = ""):
+                 should_stop: Callable[..., bool], worker_address: str = "",
+                 fenced: Callable[[], bool] | None = None):
         self.spec = spec
         self._emit = emit
         self._should_stop = should_stop
+        self._fenced = fenced  # whether no driver will ever collect this attempt
         meta = spec.restore_meta or {}
         self.iteration = int(meta.get("training_iteration", 0))
         self.time_total = float(meta.get("time_total_s", 0.0))
@@ -146,8 +149,12 @@ class TrialSession:
             "result": {k: v for k, v in result.items() if k != "config"},
         }
         with checkpoint.as_directory() as local:
-            path = spec.storage.commit_checkpoint(local, spec.trial_path, self.checkpoint_index,
-                                                  meta)
+            try:
+                path = spec.storage.commit_checkpoint(local, spec.trial_path,
+                                                      self.checkpoint_index, meta,
+                                                      fenced=self._fenced)
+            except CommitFenced:
+                raise StopTrial() from None
         self.checkpoint_index = int(path.rsplit("_", 1)[-1]) + 1
         self.latest_checkpoint = Checkpoint(path, spec.storage.fs)
         return path

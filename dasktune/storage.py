@@ -510,11 +510,15 @@ class ExperimentStorage:
 
     # ----------------------------------------------------------- checkpoints
     def commit_checkpoint(self, local_dir: str, trial_path: str, index: int,
-                          metadata: dict[str, Any]) -> str:
+                          metadata: dict[str, Any],
+                          fenced: Callable[[], bool] | None = None) -> str:
         """Upload ``local_dir`` as a new checkpoint of the trial and commit it.
 
         Returns the checkpoint's path. The name is ``checkpoint_<index>``, or the next
         free index if a crashed writer left that directory behind (never reused).
+        ``fenced`` is asked once the files are up, before the manifest: if it says the
+        attempt was given up meanwhile, the files are removed and :class:`CommitFenced`
+        raised, so a zombie never commits into a trial another attempt now writes.
         """
         fs = self.fs
         while True:
@@ -541,6 +545,16 @@ class ExperimentStorage:
             rpaths = [posixpath.join(dest, rel) for rel in files]
             # Files stream from disk, in parallel (see put_files).
             retry(lambda: put_files(fs, lpaths, rpaths), self.uri_of(dest))
+        if fenced is not None and fenced():
+            try:
+                if self.is_local:
+                    shutil.rmtree(dest, ignore_errors=True)
+                else:
+                    fs.rm(dest, recursive=True)
+            except Exception:  # noqa: BLE001 - uncommitted files are ignored by restore
+                pass
+            raise CommitFenced(f"checkpoint {self.uri_of(dest)} not committed: the attempt "
+                               "was given up while it uploaded")
         manifest = {"files": files, "committed_at": time.time(), **metadata,
                     "checkpoint_index": index}
         self.write_bytes(posixpath.join(dest, MANIFEST),
@@ -639,6 +653,10 @@ def _open_creating(path: str, mode: str) -> Any:
     except FileNotFoundError:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         return open(path, mode)
+
+
+class CommitFenced(Exception):
+    """A checkpoint was not committed because its attempt had been fenced off."""
 
 
 class AppendFile:

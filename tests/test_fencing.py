@@ -221,3 +221,41 @@ def test_normal_fit_unaffected_by_the_fence(dask_processes, tmp_path, monkeypatc
                 assert len(f.read().splitlines()) == 1  # one attempt: none was fenced
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_fenced_attempt_commits_no_checkpoint(tmp_path, where):
+    """A fence that lands while a checkpoint uploads: the files are removed and the
+    manifest never written, so a restore cannot pick the zombie's checkpoint up; the
+    trial's code gets StopTrial from tune.report."""
+    from dasktune.checkpoint import Checkpoint
+    from dasktune.session import StopTrial, TrialSession, TrialSpec
+    from dasktune.storage import CommitFenced, ExperimentStorage
+
+    root = str(tmp_path) if where == "local" else f"memory://fence-{os.getpid()}"
+    storage = ExperimentStorage(root, "exp")
+    trial_path = storage.trial_path("t0")
+    local = tmp_path / "ckpt"
+    local.mkdir()
+    (local / "weights.bin").write_bytes(b"x" * 1000)
+
+    with pytest.raises(CommitFenced):
+        storage.commit_checkpoint(str(local), trial_path, 0, {"training_iteration": 1},
+                                  fenced=lambda: True)
+    assert not storage.fs.exists(f"{trial_path}/checkpoint_000000")
+
+    spec = TrialSpec(trial_id="t0", trial_name="t0", experiment_name="exp", config={},
+                     trainable=None, storage=storage, trial_path=trial_path)
+    fenced = [False]
+    emitted: list = []
+    session = TrialSession(spec, lambda r, p: emitted.append((r, p)), lambda *a: False,
+                           fenced=lambda: fenced[0])
+    session.report({"loss": 1.0}, checkpoint=Checkpoint.from_directory(str(local)))
+    committed = emitted[-1][1]
+    assert committed and storage.is_committed(committed)
+    fenced[0] = True
+    with pytest.raises(StopTrial):
+        session.report({"loss": 0.5}, checkpoint=Checkpoint.from_directory(str(local)))
+    assert len(emitted) == 1  # the fenced result went nowhere
+    names = [p.rsplit("/", 1)[-1] for p in storage.fs.ls(trial_path, detail=False)]
+    assert [n for n in names if n.startswith("checkpoint_")] == [committed.rsplit("/", 1)[-1]]
