@@ -261,10 +261,15 @@ def scatter_params(client: Any, trainable: Any) -> dict[str, Any]:
 
 
 def cluster_can_scale(cluster: Any, client: Any) -> bool:
-    """Whether the cluster may add workers (adaptive or a manager that can scale)."""
+    """Whether the cluster may add workers (adaptive or a manager that can scale): a
+    cluster object of this process, or a scheduler that says so in its metadata
+    (``["dasktune", "adaptive"]``, set by the adaptive local provider)."""
     cluster = cluster or getattr(client, "cluster", None)
     if cluster is None:
-        return False
+        try:
+            return bool(client.get_metadata(["dasktune", "adaptive"], default=None))
+        except Exception:  # noqa: BLE001 - an old scheduler: assume a fixed size
+            return False
     adaptive = getattr(cluster, "_adaptive", None)
     if adaptive is not None:
         return True

@@ -37,6 +37,35 @@ DRIVER = textwrap.dedent("""
 """)
 
 
+# A dasktune experiment whose trials report once, then wait for a file: the test decides
+# when it finishes, so "running" is observed for sure rather than by timing.
+TUNER = textwrap.dedent("""
+    import argparse, os, time
+    from distributed import Client
+    import dasktune as tune
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--storage", required=True)
+    p.add_argument("--go", required=True)
+    p.add_argument("--address", required=True)
+    args = p.parse_args()
+
+    def train(config):
+        tune.report({"x": config["x"]})
+        while not os.path.exists(args.go):
+            time.sleep(0.05)
+        tune.report({"x": config["x"] + 1})
+
+    with Client(args.address):
+        results = tune.Tuner(
+            train, param_space={"x": tune.grid_search([1, 2])},
+            run_config=tune.RunConfig(name="status_exp", storage_path=args.storage,
+                                      verbose=0),
+        ).fit()
+    print("experiment done, errors:", len(results.errors), flush=True)
+""")
+
+
 def _cli(env, *args, check=True, timeout=60):
     r = subprocess.run([sys.executable, "-c", "from dasktune.cli import main; main()", *args],
                        env=env, capture_output=True, text=True, timeout=timeout)
@@ -111,6 +140,159 @@ def test_up_status_submit_kill_down(env, tmp_path):
         for pid in pids:  # only what this test started
             if _alive(pid):
                 psutil.Process(pid).kill()
+
+
+def test_status_lists_running_then_finished_experiments(env, tmp_path):
+    """`status` (its own process) shows a detached experiment while it runs, then done."""
+    name = "exps"
+    cfg = tmp_path / "one.yaml"
+    cfg.write_text(open("cluster/local.yaml").read())
+    script = tmp_path / "tuner.py"
+    script.write_text(TUNER)
+    go, storage = tmp_path / "go", tmp_path / "results"
+    pids: list[int] = []
+    try:
+        _cli(env, "up", str(cfg), "-y", "-n", name)
+        r = _cli(env, "status", str(cfg), "-n", name)
+        assert "experiments: 0" in r.stdout
+        _cli(env, "submit", str(cfg), str(script), "-n", name, "--detach", "--",
+             "--storage", str(storage), "--go", str(go))
+        state = _state(env, name)[1]
+        pids = [p["pid"] for p in state["processes"] + state["jobs"]]
+
+        def line():
+            out = _cli(env, "status", str(cfg), "-n", name).stdout
+            return next((ln.strip() for ln in out.splitlines()
+                         if ln.strip().startswith("status_exp ")), "")
+
+        # Both trials report, then block on `go`: the experiment is running.
+        exp_path = storage / "status_exp"
+        running = wait_for(lambda: (lambda ln: "RUNNING=2" in ln and ln)(line()), timeout=60,
+                           what="both trials running in `status`")
+        assert running == f"status_exp running trials: RUNNING=2 storage: {exp_path}"
+
+        go.write_text("")
+        done = wait_for(lambda: (lambda ln: "finished" in ln and ln)(line()), timeout=60,
+                        what="the experiment finished in `status`")
+        assert done == f"status_exp finished trials: TERMINATED=2 storage: {exp_path}"
+        assert "errors: 0" in _cli(env, "logs", str(cfg), "-n", name).stdout
+    finally:
+        _cli(env, "down", str(cfg), "-y", "-n", name, check=False)
+        assert [p for p in pids if _alive(p)] == []
+
+
+ADAPTIVE_TUNER = TUNER.replace('grid_search([1, 2])', 'grid_search([1, 2, 3])').replace(
+    'name="status_exp"', 'name="grow_exp"')
+
+
+def _pool_pids(env, name):
+    path = os.path.join(env["XDG_CONFIG_HOME"], "dasktune", "clusters", name,
+                        "pool-workers.json")
+    with open(path) as f:
+        return [r["pid"] for r in json.load(f)]
+
+
+# Dask tasks that hold their worker until the test creates a file: the queue stays long
+# enough for Dask's adaptive_target to ask for more workers, however slowly they start.
+BLOCKING_TASKS = textwrap.dedent("""
+    import argparse, os, time
+    from distributed import Client
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--go", required=True)
+    p.add_argument("--address", required=True)
+    args = p.parse_args()
+
+    def task(i):
+        while not os.path.exists(args.go):
+            time.sleep(0.05)
+        return i
+
+    with Client(args.address) as client:
+        print("sum", sum(client.gather(client.map(task, range(6), pure=False))), flush=True)
+""")
+
+
+def _adaptive_cluster(env, tmp_path):
+    """A min 1 / max 3 cluster file, and an environment that adapts every 200 ms."""
+    cfg = tmp_path / "adaptive.yaml"
+    cfg.write_text(open("cluster/local.yaml").read().replace(
+        "min_workers: 2", "min_workers: 1").replace("max_workers: 2", "max_workers: 3"))
+    env = {**env, "DASK_DISTRIBUTED__ADAPTIVE__INTERVAL": "200ms",
+           "DASK_DISTRIBUTED__ADAPTIVE__WAIT_COUNT": "5",
+           "DASK_DISTRIBUTED__ADAPTIVE__TARGET_DURATION": "1s"}
+    return cfg, env
+
+
+def _grow_then_shrink(env, tmp_path, name, script_text, script_args, running, finished):
+    """up → submit --detach → `status` shows 3 workers and ``running`` → release → the
+    job ends (``finished``) and the cluster is back at 1 worker → down leaves no process
+    that was ever part of it."""
+    cfg, env = _adaptive_cluster(env, tmp_path)
+    script = tmp_path / "driver.py"
+    script.write_text(script_text)
+    go = tmp_path / "go"
+    pids: set[int] = set()
+    try:
+        r = _cli(env, "up", str(cfg), "-y", "-n", name)
+        assert "workers joined 1/1" in r.stderr
+        pids |= {p["pid"] for p in _state(env, name)[1]["processes"]}
+        pids |= set(_pool_pids(env, name))
+        assert len(pids) == 2 and all(_alive(p) for p in pids)  # scheduler + min_workers
+        _cli(env, "submit", str(cfg), str(script), "-n", name, "--detach", "--",
+             "--go", str(go), *script_args)
+        pids |= {j["pid"] for j in _state(env, name)[1]["jobs"]}
+
+        def status():
+            pids.update(_pool_pids(env, name))  # every worker the pool ever started
+            return _cli(env, "status", str(cfg), "-n", name).stdout
+
+        wait_for(lambda: (lambda o: "workers:   3" in o and running in o)(status()),
+                 timeout=90, what="the cluster to grow to 3 workers")
+        go.write_text("")
+        wait_for(lambda: (lambda o: "workers:   1" in o and finished in o)(status()),
+                 timeout=90, what="the job to end and the cluster to shrink to 1 worker")
+        assert len(pids) >= 5  # scheduler, job, 3 workers at least
+        # The pool's workers are on record for chaos too, and the pool replaces them.
+        r = _cli(env, "kill-random-worker", str(cfg), "-n", name, "--hard")
+        killed = int(r.stdout.split("PID ")[1].rstrip(")\n"))
+        assert killed in pids and not _alive(killed)
+        wait_for(lambda: (lambda new: new and not new & {killed})(set(_pool_pids(env, name)))
+                 and "workers:   1" in status(), timeout=60, what="a replacement worker")
+        _cli(env, "down", str(cfg), "-y", "-n", name)
+        assert [p for p in pids if _alive(p)] == []
+        return _cli(env, "status", str(cfg), "-n", name, check=False)
+    finally:
+        _cli(env, "down", str(cfg), "-y", "-n", name, check=False)
+        for pid in pids:  # only what this test started
+            if _alive(pid):
+                psutil.Process(pid).kill()
+
+
+def test_adaptive_cluster_grows_for_queued_tasks_and_shrinks(env, tmp_path):
+    """min 1 < max 3: Dask's AdaptiveCore, in the scheduler process, starts `dasktune
+    worker`s for queued work and retires them when idle."""
+    r = _grow_then_shrink(env, tmp_path, "grow", BLOCKING_TASKS, [], "job-", "finished")
+    assert r.returncode == 1 and "is not up" in r.stderr
+
+
+def test_adaptive_cluster_grows_for_waiting_trials(env, tmp_path):
+    """Three concurrent 1-CPU trials on a 1-worker cluster: the waiting trials' demand
+    grows it to 3, so all three run at once."""
+    storage = tmp_path / "results"
+    _grow_then_shrink(env, tmp_path, "trials", ADAPTIVE_TUNER, ["--storage", str(storage)],
+                      "grow_exp running trials: RUNNING=3",
+                      "grow_exp finished trials: TERMINATED=3")
+
+
+def test_min_workers_above_max_is_one_clear_error(env, tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(open("cluster/local.yaml").read().replace("min_workers: 2",
+                                                             "min_workers: 3"))
+    r = _cli(env, "up", str(cfg), "-y", "-n", "bad", check=False)
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [
+        f"error: {cfg}: max_workers: Value error, must be >= min_workers (3)"]
 
 
 def test_graceful_retire_exec_rsync(env, tmp_path):

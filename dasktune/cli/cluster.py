@@ -154,12 +154,32 @@ def _fmt_resources(res: dict[str, Any]) -> str:
     return " ".join(f"{k}={v:g}" for k, v in sorted(res.items()) if k != "memory") or "-"
 
 
+def _experiments_on_scheduler(dask_scheduler: Any = None) -> list[dict[str, Any]]:
+    """On the scheduler: summaries of the experiments that published to the dashboard topic.
+
+    The dashboard plugin's state when it is installed (it holds every experiment, however
+    old its first message); else the scheduler's bounded event log, folded the same way.
+    """
+    from dasktune.dashboard import TOPIC, DashboardState
+    from dasktune.dashboard._plugin import PLUGIN_NAME
+
+    state = getattr(dask_scheduler.plugins.get(PLUGIN_NAME), "state", None)
+    if state is None:
+        state = DashboardState()
+        for _, msg in dask_scheduler.get_events(TOPIC):
+            try:
+                state.apply(msg)
+            except ValueError:  # a malformed message: the plugin logs those, skip it here
+                pass
+    return state.experiments()
+
+
 @main.command("status", epilog="\b\nExample:\n  dasktune status cluster/local.yaml")
 @_CLUSTER
 @_NAME
 @_fails_cleanly
 def status(cluster_file: str, name: str | None) -> None:
-    """Address, dashboard URL, workers with their resources, and detached jobs."""
+    """Address, dashboard URL, workers with their resources, detached jobs, experiments."""
     p = _provider(cluster_file, name)
     workers = p.workers()
     click.echo(f"cluster:   {p.name} ({p.kind})")
@@ -176,6 +196,14 @@ def status(cluster_file: str, name: str | None) -> None:
         click.echo("jobs:")
         for job, running in jobs:
             click.echo(f"  {job} {'running' if running else 'finished'}")
+    with p.connect() as client:
+        experiments = client.run_on_scheduler(_experiments_on_scheduler)
+    click.echo(f"experiments: {len(experiments)}")
+    # Running ones first; within each group, newest first (the order the summaries come in).
+    for e in sorted(experiments, key=lambda e: e.get("status") != "RUNNING"):
+        trials = " ".join(f"{k}={v}" for k, v in (e.get("trials_by_status") or {}).items())
+        click.echo(f"  {e.get('name')} {str(e.get('status') or '?').lower()} "
+                   f"trials: {trials or '-'} storage: {e.get('storage') or '-'}")
 
 
 @main.command("dashboard", epilog="\b\nExamples:\n  dasktune dashboard cluster/local.yaml"

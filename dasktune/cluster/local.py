@@ -3,6 +3,10 @@
 Each process gets its own session (so a closing terminal does not take it along) and is
 recorded with its start time, so ``down`` kills exactly the processes it started even if a
 PID was reused meanwhile.
+
+``min_workers < max_workers``: the workers belong to an adaptive pool inside the scheduler
+process (:mod:`dasktune.cluster._adaptive`), which records them in its own file; ``down``
+stops the pool from adapting before it stops the processes.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import sys
 import time
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from dasktune.cluster._base import ClusterProvider, Progress, _quiet
@@ -34,6 +39,14 @@ def worker_command(address: str, *, nthreads: int, name: str,
     return [sys.executable, "-c", "from dasktune.cli import main; main()", "worker", address,
             "--nthreads", str(nthreads), "--resources", res, "--name", name,
             "--no-nanny", "--no-dashboard", "--host", "127.0.0.1", *extra]
+
+
+def _adapt_interval() -> float:
+    """``distributed.adaptive.interval`` in seconds: how often the pool adapts."""
+    import dask
+    from dask.utils import parse_timedelta
+
+    return float(parse_timedelta(dask.config.get("distributed.adaptive.interval")))
 
 
 def _alive(rec: dict[str, Any]) -> bool:
@@ -134,7 +147,7 @@ class LocalProvider(ClusterProvider):
             if not restart_only and sched and all(_alive(r) for r in sched):
                 return self._top_up(old, timeout, progress)
             progress("restarting the Dask processes")
-            _stop_all(old.get("processes", []))
+            _stop_all(self._stop_pool(old))
         elif restart_only:
             raise ValueError(f"--restart-only: cluster {self.name!r} is not up")
         if not restart_only:
@@ -146,6 +159,7 @@ class LocalProvider(ClusterProvider):
         tls_args = _tls_args(tls)
         sched_file = self.state.dir / "scheduler.json"
         sched_file.unlink(missing_ok=True)
+        preload = self._pool_args(tls_args) if self.config.adaptive else []
         # Detached jobs outlive a restart of the Dask processes: keep their records (and
         # the cluster file's path) so `logs` reads them and `down` still stops them.
         state: dict[str, Any] = {"name": self.name, "provider": "local", "processes": [],
@@ -158,7 +172,7 @@ class LocalProvider(ClusterProvider):
                 [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
                  "--port", "0", "--dashboard-address", "127.0.0.1:0",
                  "--protocol", "tls" if tls else "tcp",
-                 "--scheduler-file", str(sched_file), *tls_args],
+                 "--scheduler-file", str(sched_file), *tls_args, *preload],
                 "scheduler", "scheduler.log")
             state["processes"].append(sched)
             self.state.write(state)
@@ -169,19 +183,65 @@ class LocalProvider(ClusterProvider):
             state.update(scheduler_address=address,
                          dashboard_url=f"http://127.0.0.1:{dash}/status" if dash else None)
             self.state.write(state)
-            self._start_workers(state, self._n_workers)
+            if not self.config.adaptive:  # else the pool starts min_workers itself
+                self._start_workers(state, self._n_workers)
             self.wait_for_workers(self._n_workers, timeout, progress)
         except BaseException:
             # Leave nothing behind: a failed up is as clean as a down, except for the
             # logs the error points to.
-            _stop_all(state["processes"] + state["jobs"])
+            _stop_all(self._stop_pool(state) + state["jobs"])
             self.state.remove(keep_logs=True)
             raise
         return state
 
     @property
     def _n_workers(self) -> int:
+        if self.config.adaptive:
+            return self.config.min_workers
         return max(self.config.min_workers, 1 if self.config.max_workers else 0)
+
+    @property
+    def _pool_records(self) -> Path:
+        return self.state.dir / "pool-workers.json"
+
+    def _pool_args(self, tls_args: list[str]) -> list[str]:
+        """Write the adaptive pool's spec; the scheduler's ``--preload`` arguments."""
+        node = self.config.worker
+        spec = {"minimum": self.config.min_workers, "maximum": self.config.max_workers,
+                "name": self.name, "nthreads": int(node.resources.get("CPU", 1)),
+                "resources": {k: v for k, v in node.resources.items() if k != "CPU"},
+                "command": self.config.worker_command, "tls_args": tls_args,
+                "log_dir": str(self.state.dir), "records": str(self._pool_records)}
+        if self.config.idle_timeout_minutes:
+            # Dask retires an idle worker after wait_count intervals of wanting to.
+            interval = _adapt_interval()
+            spec["wait_count"] = max(1, round(self.config.idle_timeout_minutes * 60 / interval))
+        path = self.state.private_file("pool.json")
+        path.write_text(json.dumps(spec))
+        return ["--preload", "dasktune.cluster._adaptive", "--dasktune-pool", str(path)]
+
+    def _pool_workers(self) -> list[dict[str, Any]]:
+        """The worker processes the adaptive pool recorded (none without a pool)."""
+        try:
+            return json.loads(self._pool_records.read_text())
+        except (FileNotFoundError, ValueError):
+            return []
+
+    def _stop_pool(self, state: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every process of the cluster, after the pool (if any) stopped adapting, so that
+        none starts while they are stopped."""
+        procs = list(state.get("processes", []))
+        sched = [r for r in procs if r["role"] == "scheduler"]
+        if not (self._pool_records.exists() and sched and all(_alive(r) for r in sched)):
+            return procs + self._pool_workers()
+        from dasktune.cluster._adaptive import stop_pool
+
+        try:
+            with self.connect(timeout=5.0) as client:
+                client.run_on_scheduler(stop_pool)
+        except Exception:  # noqa: BLE001 - an unresponsive scheduler: stop it first
+            _kill(sched)
+        return procs + self._pool_workers()
 
     def _start_workers(self, state: dict[str, Any], count: int) -> None:
         """Start ``count`` more workers, each recorded in the state file as it starts."""
@@ -205,7 +265,8 @@ class LocalProvider(ClusterProvider):
         """``up`` on a running cluster: replace workers that died, keep the rest."""
         state["processes"] = [r for r in state["processes"] if _alive(r)]
         live = sum(r["role"] == "worker" for r in state["processes"])
-        missing = max(0, self._n_workers - live)
+        # An adaptive pool replaces the workers that died by itself.
+        missing = 0 if self.config.adaptive else max(0, self._n_workers - live)
         progress(f"cluster {self.name!r} is already up at {state['scheduler_address']}; "
                  f"starting {missing} worker(s)")
         self._start_workers(state, missing)
@@ -230,14 +291,16 @@ class LocalProvider(ClusterProvider):
             progress(f"cluster {self.name!r} is not up; nothing to do")
             return
         state = self.state.read()
-        procs = state.get("processes", [])
+        _kill(state.get("jobs", []))  # no driver asks for workers while the pool stops
+        procs = self._stop_pool(state)
         progress(f"stopping {len(procs)} process(es)")
-        _stop_all(procs + state.get("jobs", []))
+        _stop_all(procs)
         self.state.remove()
 
     def kill_worker_hard(self, *, rng: random.Random | None = None) -> str:
         state = self.state.read()
-        live = [r for r in state["processes"] if r["role"] == "worker" and _alive(r)]
+        live = [r for r in state["processes"] + self._pool_workers()
+                if r["role"] == "worker" and _alive(r)]
         if not live:
             raise ValueError(f"cluster {self.name!r} has no live worker process")
         victim = (rng or random).choice(live)
