@@ -14,9 +14,12 @@ trials of the last ``training_iteration`` in ``ResultGrid.get_dataframe()``).
 
 Part 2 (PBT vs random search): the toy of the PBT paper, ``Q(theta) = 1.2 - |theta|**2`` with
 ``theta`` in R^2 from (3, 3) (the paper starts at 0.9; farther makes the schedule matter
-more), trained by noisy surrogate-gradient steps ``theta -= h * (2 * theta + N(0, 1))``:
-a large step size ``h`` gains fast and a small one reaches higher, so the best ``h`` shrinks
-over training (schedule-dependent). A population of
+more), trained by noisy surrogate-gradient steps ``theta -= h * (2 * theta + N(0, 3**2))``:
+a large step size ``h`` gains fast and a small one reaches higher (the noise floor is about
+``h * 9 / 2``), so the best ``h`` shrinks over training (schedule-dependent). The noise is
+sized so the schedule matters: in expectation (exact moment recursion, 200 steps) the best
+fixed ``h`` ends at Q = 1.149 and a decaying schedule at 1.170; with N(0, 1) the two are
+1.193 and 1.197, within one run's noise. A population of
 ``--population`` trials with ``h ~ loguniform(1e-3, 0.5)`` trains ``--steps`` iterations under
 ``PopulationBasedTraining(perturbation_interval=10)`` (checkpoints through
 ``tune.Checkpoint.from_directory`` / ``tune.get_checkpoint``) and, for the same total
@@ -55,6 +58,7 @@ from dasktune.schedulers import (  # noqa: E402
 
 IN_FLIGHT = 4
 BUDGET = 0.35  # early stoppers must spend at most this share of FIFO's iterations
+GRAD_NOISE = 3.0  # PBT toy's surrogate-gradient noise; large enough that h's schedule matters
 
 
 def make_curves(n: int, max_t: int, seed: int = 0) -> tuple[list[dict[str, float]], int]:
@@ -146,7 +150,7 @@ def pbt_trainable(config: dict) -> None:
     rng = np.random.default_rng([config["seed"], step, int(config["h"] * 1e9)])
     while step < config["steps"]:
         step += 1
-        theta = theta - config["h"] * (2 * theta + rng.standard_normal(2))
+        theta = theta - config["h"] * (2 * theta + GRAD_NOISE * rng.standard_normal(2))
         q = float(1.2 - np.sum(theta**2))
         if step % config["interval"] == 0:
             with tempfile.TemporaryDirectory(prefix="pbt-") as d:
@@ -181,11 +185,12 @@ def run_pbt(seed: int, population: int, steps: int, pbt: bool, storage: str
             "errors": grid.num_errors, "seconds": time.perf_counter() - t0}
 
 
-def part_pbt(seeds: int, population: int, steps: int, storage: str) -> bool:
+def part_pbt(seeds: int, population: int, steps: int, storage: str, first_seed: int = 0
+             ) -> bool:
     ok = True
     print(f"\n== PBT toy: population {population}, {steps} steps each; best final Q "
           "(optimum 1.2)")
-    for seed in range(seeds):
+    for seed in range(first_seed, first_seed + seeds):
         p = run_pbt(seed, population, steps, True, storage)
         r = run_pbt(seed, population, steps, False, storage)
         passed = p["best_q"] > r["best_q"] and not (p["errors"] or r["errors"])
@@ -204,6 +209,8 @@ def main() -> None:
     parser.add_argument("--configs", type=int, default=81)
     parser.add_argument("--max-t", type=int, default=81)
     parser.add_argument("--seeds", type=int, default=3, help="PBT seeds")
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="PBT seeds run are first-seed .. first-seed + seeds - 1")
     parser.add_argument("--population", type=int, default=8)
     parser.add_argument("--steps", type=int, default=200, help="PBT iterations per member")
     parser.add_argument("--smoke-test", action="store_true",
@@ -221,7 +228,8 @@ def main() -> None:
         if "curves" in parts:
             ok &= part_curves(args.configs, args.max_t, storage)
         if "pbt" in parts:
-            ok &= part_pbt(args.seeds, args.population, args.steps, storage)
+            ok &= part_pbt(args.seeds, args.population, args.steps, storage,
+                           args.first_seed)
     finally:
         tune.shutdown()
         shutil.rmtree(storage, ignore_errors=True)

@@ -183,7 +183,10 @@ class DaskExecutor:
         return {addr: worker_capacity(w) for addr, w in self.workers().items()}
 
     def free(self, addr: str) -> dict[str, float]:
-        cap = worker_capacity(self.workers()[addr])
+        info = self.workers().get(addr)
+        if info is None:  # it left between two lookups (the list refreshes every 0.5 s)
+            return {}
+        cap = worker_capacity(info)
         used = self._used.get(addr, {})
         return {k: v - used.get(k, 0.0) for k, v in cap.items()}
 

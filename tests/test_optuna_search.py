@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import pickle
+import time
 
 import cloudpickle
 import optuna
@@ -14,6 +15,7 @@ from optuna.trial import TrialState
 import dasktune as tune
 from dasktune import space as sp
 from dasktune.search import ConcurrencyLimiter, Repeater, SearchGenerator
+from dasktune.search._base import Suggestion
 from dasktune.search.optuna import OptunaSearch
 from dasktune.search.testing import check_searcher
 from dasktune.trial import ERROR, TERMINATED, Trial
@@ -27,6 +29,14 @@ def loss(config: dict) -> float:
     return (config["x"] - 1) ** 2 + (config["y"] + 2) ** 2
 
 
+def _next_trial(gen: SearchGenerator) -> Suggestion | None:
+    """``gen.next_trial()``, polled like the driver does while a slow searcher's suggestion
+    is computed on its thread (``dasktune.search.async-after``)."""
+    while (s := gen.next_trial()) is None and gen.asking:
+        time.sleep(0.001)
+    return s
+
+
 def run_cycles(searcher, n_trials: int, in_flight: int, space=None, metric="loss", mode="min",
                objective=None, uid: str = "00000000") -> SearchGenerator:
     """Drive ``searcher`` like the driver loop does, with ``in_flight`` trials at once."""
@@ -35,7 +45,7 @@ def run_cycles(searcher, n_trials: int, in_flight: int, space=None, metric="loss
     gen.set_search_properties(metric, mode, space if space is not None else {})
     live = []
     while not gen.is_finished() or live:
-        while len(live) < in_flight and (s := gen.next_trial()) is not None:
+        while len(live) < in_flight and (s := _next_trial(gen)) is not None:
             live.append(s)
         if not live:
             break
@@ -43,6 +53,8 @@ def run_cycles(searcher, n_trials: int, in_flight: int, space=None, metric="loss
         result = {**objective(done.config), "training_iteration": 1}
         gen.on_trial_result(done.trial_id, result)
         gen.on_trial_complete(done.trial_id, result)
+    gen.get_state()  # waits for the calls queued on a slow searcher's thread
+    gen.close()
     return gen
 
 
@@ -114,7 +126,7 @@ def test_nested_space_constants_and_lists():
 def test_space_from_param_space_and_optuna_distribution_dict():
     gen = SearchGenerator(OptunaSearch(seed=0), 2)
     gen.set_search_properties("loss", "min", {"x": sp.uniform(0, 1), "c": "const"})
-    first = gen.next_trial()
+    first = _next_trial(gen)
     assert first.config["c"] == "const"
     assert first.experiment_tag == f"0_x={first.config['x']:.5g}"  # constants not tagged
     dists = {"a/b": optuna.distributions.FloatDistribution(0, 1),
@@ -122,7 +134,7 @@ def test_space_from_param_space_and_optuna_distribution_dict():
     searcher = OptunaSearch(dists, metric="loss", mode="max")
     gen = SearchGenerator(searcher, 1)
     gen.set_search_properties(None, None, {"const": 3})
-    config = gen.next_trial().config
+    config = _next_trial(gen).config
     assert set(config) == {"a", "k", "const"} and 0 <= config["a"]["b"] <= 1
 
 
@@ -227,7 +239,7 @@ def _half_then_restore(make_searcher, tmp_path):
     first = make_searcher()
     gen = SearchGenerator(first, 10, experiment_uid="aaaaaaaa")
     gen.set_search_properties("loss", "min", {})
-    started = [gen.next_trial() for _ in range(5)]
+    started = [_next_trial(gen) for _ in range(5)]
     for s in started[:3]:
         gen.on_trial_complete(s.trial_id, {"loss": loss(s.config)})
     path = tmp_path / "state.pkl"
@@ -241,7 +253,7 @@ def _half_then_restore(make_searcher, tmp_path):
         gen2.on_trial_result(s.trial_id, {"loss": 1.0, "training_iteration": 1})
         gen2.on_trial_complete(s.trial_id, {"loss": loss(s.config)})
     rest = []
-    while (s := gen2.next_trial()) is not None:
+    while (s := _next_trial(gen2)) is not None:
         rest.append(s)
         gen2.on_trial_complete(s.trial_id, {"loss": loss(s.config)})
     assert gen2.is_finished() and len(rest) == 5
@@ -355,10 +367,10 @@ def test_concurrency_limiter_around_optuna():
     searcher = ConcurrencyLimiter(OptunaSearch(SPACE, seed=0), max_concurrent=2)
     gen = SearchGenerator(searcher, 6)
     gen.set_search_properties("loss", "min", {})
-    a, b = gen.next_trial(), gen.next_trial()
-    assert b is not None and gen.next_trial() is None
+    a, b = _next_trial(gen), _next_trial(gen)
+    assert b is not None and _next_trial(gen) is None
     gen.on_trial_complete(a.trial_id, {"loss": loss(a.config)})
-    assert gen.next_trial() is not None
+    assert _next_trial(gen) is not None
     assert len(searcher.searcher.study.trials) == 3
 
 
@@ -384,3 +396,34 @@ CONFORMANCE_SPACE = {
 def test_conformance(make):
     made = check_searcher(make, CONFORMANCE_SPACE, n_trials=8, in_flight=3)
     assert len(made) == 8
+
+
+
+_UNSEEN_AT_ASK: list[int] = []  # module level: the Tuner drives a copy of the searcher
+
+
+class _RecordingSearch(OptunaSearch):
+    """OptunaSearch that records, at each ask, how many study trials are asked but not told."""
+
+    def suggest(self, trial_id: str) -> dict | None | str:
+        running = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        _UNSEEN_AT_ASK.append(len(running))
+        return super().suggest(trial_id)
+
+
+def _quadratic_trainable(config: dict) -> None:
+    tune.report({"loss": loss(config)})
+
+
+def test_tuner_never_asks_ahead_of_free_slots(local_client, storage_path):
+    # TPE learns from told trials only: the driver must ask only when a slot frees, after the
+    # finished trial is told, so at most max_concurrent - 1 trials are unseen at each ask.
+    _UNSEEN_AT_ASK.clear()
+    results = tune.Tuner(
+        _quadratic_trainable, param_space=dict(SPACE),
+        tune_config=tune.TuneConfig(search_alg=_RecordingSearch(seed=0), metric="loss",
+                                    mode="min", num_samples=12, max_concurrent_trials=2),
+        run_config=tune.RunConfig(storage_path=storage_path, name="ask-ahead", verbose=0),
+    ).fit()
+    assert not results.errors and len(results) == 12
+    assert len(_UNSEEN_AT_ASK) == 12 and max(_UNSEEN_AT_ASK) <= 1, _UNSEEN_AT_ASK

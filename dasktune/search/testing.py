@@ -60,6 +60,9 @@ def check_searcher(
     def generator(searcher: Searcher) -> SearchGenerator:
         gen = SearchGenerator(searcher, n_trials, experiment_uid="c0ffee00")
         gen.set_search_properties(metric, mode, param_space)
+        # The check drives the searcher step by step: every ask answered on this thread
+        # (a slow sampler would otherwise be asked on a thread of its own).
+        gen._async_off = True
         return gen
 
     made: list[Suggestion] = []
