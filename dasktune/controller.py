@@ -350,11 +350,8 @@ class TuneController:
                 self._no_workers_since = None
             if self._can_scale:
                 # Adaptive sizes the cluster from the scheduler's tasks: show it this trial.
+                # (Withdrawn when it starts, in executor.start, or ends: _complete/_error.)
                 self.executor.demand(trial.trial_id, trial.resources)
-                for tid in self.executor.demanded():  # trials that ended while waiting
-                    other = self._by_id.get(tid)
-                    if other is None or other.is_finished:
-                        self.executor.withdraw(tid)
             self._waiting_reason = why or "all workers busy"
             self._waiting_trial = trial
             return False

@@ -261,10 +261,6 @@ class DaskExecutor:
         if self._demands.pop(trial_id, None) is not None:
             self._loop.call_soon_threadsafe(self._release_demand, trial_id)
 
-    def demanded(self) -> list[str]:
-        """The trials that have a placeholder task now."""
-        return list(self._demands)
-
     def _submit_demand(self, trial_id: str, key: str, request: dict[str, float]) -> None:
         # On the client loop, in call order with _release_demand.
         if trial_id in self._demand_futures:

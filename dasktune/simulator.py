@@ -306,9 +306,6 @@ class SimulatedExecutor:
     def withdraw(self, trial_id: str) -> None:
         pass
 
-    def demanded(self) -> list[str]:
-        return []
-
     def shutdown(self) -> None:
         for tid in list(self._runs):
             self.release(tid)
