@@ -120,10 +120,14 @@ class _PerTrialFiles(LoggerCallback):
             # object would upload without the lines the first still holds.
             fh = self._closing.pop(trial.trial_id, None)
             if fh is None:
-                assert self.storage is not None and trial.path
-                fh = self.storage.open_append(f"{trial.path}/{self.filename}")
+                fh = self._open(trial)
             self._files[trial.trial_id] = fh
         return fh
+
+    def _open(self, trial: Trial) -> AppendFile:
+        """A new file for ``trial`` (subclasses choose its name and its header)."""
+        assert self.storage is not None and trial.path
+        return self.storage.open_append(f"{trial.path}/{self.filename}")
 
     def _close_file(self, trial_id: str, fh: AppendFile) -> None:
         """Close ``fh``; if storage is unreachable, keep it for a later flush to close."""
@@ -332,21 +336,15 @@ class TBXLoggerCallback(_PerTrialFiles):
         self._names: dict[str, str] = {}
         self._last: dict[str, dict[str, float]] = {}
 
-    def _file(self, trial: Trial) -> AppendFile:
-        fh = self._files.get(trial.trial_id)
-        if fh is None:
-            # A restarted trial takes back its unclosed file (see _PerTrialFiles._file).
-            fh = self._closing.pop(trial.trial_id, None)
-        if fh is None:
-            assert self.storage is not None and trial.path
-            name = self._names.setdefault(
-                trial.trial_id,
-                f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{trial.attempt}",
-            )
-            fh = self.storage.open_append(f"{trial.path}/{name}")
-            if fh.tell() == 0:
-                fh.write(_tfevents.tf_record(_tfevents.file_version_event(time.time())))
-        self._files[trial.trial_id] = fh
+    def _open(self, trial: Trial) -> AppendFile:
+        assert self.storage is not None and trial.path
+        name = self._names.setdefault(
+            trial.trial_id,
+            f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{trial.attempt}",
+        )
+        fh = self.storage.open_append(f"{trial.path}/{name}")
+        if fh.tell() == 0:
+            fh.write(_tfevents.tf_record(_tfevents.file_version_event(time.time())))
         return fh
 
     def log_trial_result(self, iteration: int, trial: Trial, result: dict[str, Any]) -> None:
