@@ -15,7 +15,7 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from dasktune.storage import MANIFEST, get_files, redact, retry
+from dasktune.storage import MANIFEST, download_folder, redact, retry
 
 # Where set_metadata stores the user's metadata, as Ray 2.x names it.
 METADATA_FILE = ".metadata.json"
@@ -57,20 +57,10 @@ class Checkpoint:
             shutil.copytree(self.path, dest, dirs_exist_ok=True,
                             ignore=shutil.ignore_patterns(MANIFEST))
         else:
-            fs = self.filesystem
-            src = fs._strip_protocol(self.path).rstrip("/")
-            with contextlib.suppress(Exception):  # another process wrote it: no stale listing
-                fs.invalidate_cache(src)
-            found = retry(lambda: fs.find(src), self.uri)
-            files = [f for f in found if posixpath.basename(f) != MANIFEST]
-            lpaths = [os.path.join(dest, *posixpath.relpath(fs._strip_protocol(f), src).split("/"))
-                      for f in files]
-            for lp in lpaths:
-                os.makedirs(os.path.dirname(lp), exist_ok=True)
-            if files:
-                # Files (and ranges of big ones) fetched concurrently, each streamed to
-                # disk: memory stays bounded whatever the checkpoint's size.
-                retry(lambda: get_files(fs, files, lpaths), self.uri)
+            # Files (and ranges of big ones) fetched concurrently, each streamed to disk:
+            # memory stays bounded whatever the checkpoint's size.
+            download_folder(self.filesystem, self.path, dest, self.uri,
+                            skip=frozenset({MANIFEST}))
         return dest
 
     @property

@@ -369,6 +369,24 @@ def get_files(fs: fsspec.AbstractFileSystem, rpaths: list[str], lpaths: list[str
         fs.get(rpaths, lpaths, **transfer_kwargs(fs, "get"))
 
 
+def download_folder(fs: fsspec.AbstractFileSystem, remote: str, local: str, uri: str,
+                    skip: frozenset[str] = frozenset()) -> None:
+    """Copy the folder ``remote`` of ``fs`` into ``local`` with :func:`get_files`, leaving
+    out files named in ``skip``; ``uri`` names it in errors. Cached listings are dropped
+    first: another process may have written there."""
+    root = fs._strip_protocol(remote).rstrip("/")
+    with contextlib.suppress(Exception):  # a cache that cannot be cleared has none
+        fs.invalidate_cache(root)
+    found = retry(lambda: fs.find(root), uri)
+    files = [f for f in found if posixpath.basename(f) not in skip]
+    lpaths = [os.path.join(local, *posixpath.relpath(fs._strip_protocol(f), root).split("/"))
+              for f in files]
+    for lp in lpaths:
+        os.makedirs(os.path.dirname(lp), exist_ok=True)
+    if files:
+        retry(lambda: get_files(fs, files, lpaths), uri)
+
+
 def put_files(fs: fsspec.AbstractFileSystem, lpaths: list[str], rpaths: list[str]) -> None:
     """Upload ``lpaths`` to ``rpaths`` with bounded memory, files in parallel.
 
@@ -630,15 +648,7 @@ class ExperimentStorage:
 
     def download(self, remote: str, local: str) -> None:
         """Copy the folder ``remote`` into ``local``, streaming (see :func:`get_files`)."""
-        fs = self.fs
-        root = fs._strip_protocol(remote).rstrip("/")
-        self._fresh(root)
-        found = retry(lambda: fs.find(root), self.uri_of(remote))
-        lpaths = [os.path.join(local, *posixpath.relpath(fs._strip_protocol(f), root).split("/"))
-                  for f in found]
-        for lp in lpaths:
-            os.makedirs(os.path.dirname(lp), exist_ok=True)
-        retry(lambda: get_files(fs, found, lpaths), self.uri_of(remote))
+        download_folder(self.fs, remote, local, self.uri_of(remote))
 
     # ------------------------------------------------------ pickling to workers
     def __getstate__(self) -> dict[str, Any]:
