@@ -9,6 +9,10 @@ Reports go into a bounded buffer. The driver long-polls :meth:`TrialActor.poll`,
 which returns every report after the one it acknowledged; a report leaves the
 buffer only once acknowledged, so a lost poll reply loses nothing. When the buffer
 is full, ``tune.report`` waits: memory stays bounded and nothing is dropped.
+
+A driver may queue the next attempt behind the running one (:meth:`TrialActor.enqueue`):
+the poll that reports the end of the running attempt starts the queued one on the
+spot, so a short trial's slot never idles for a round trip through the driver.
 """
 
 from __future__ import annotations
@@ -77,37 +81,61 @@ class TrialActor:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup: asyncio.Event | None = None
+        self._ended: asyncio.Event | None = None  # set when the attempt's thread ends
         self._wake_pending = False  # a wake-up is on its way to the poll
         self._last_poll = time.monotonic()
+        self._next: TrialSpec | None = None  # queued behind this attempt (enqueue)
+        self._end_reported = False  # a poll has told the driver this attempt ended
 
     # ------------------------------------------------------------ actor API
     async def start(self, spec: TrialSpec | None = None) -> dict[str, Any]:
         """Start the user's code in its own thread; returns where it runs. With ``spec``,
         a reused actor first takes that attempt (:meth:`reset`): one round trip."""
-        from distributed import get_worker
-
         if spec is not None:
             await self.reset(spec)
+        return self._launch()
+
+    def _launch(self) -> dict[str, Any]:
+        """Start the current attempt's thread (on the worker's event loop)."""
+        from distributed import get_worker
 
         worker = get_worker()
         self._loop = asyncio.get_running_loop()
         self._wakeup = asyncio.Event()
+        self._ended = asyncio.Event()
         self._thread = threading.Thread(
             target=self._run, args=(worker.address,), daemon=True,
             name=f"dasktune-trial-{self.spec.trial_id}-{self.spec.attempt}",
         )
         self._thread.start()
         self._last_poll = time.monotonic()
-        self._watchdog = asyncio.ensure_future(self._orphan_watchdog())
+        self._watchdog = asyncio.ensure_future(self._orphan_watchdog(self._thread))
         return {"pid": os.getpid(), "host": socket.gethostname(), "worker": worker.address}
 
-    async def _orphan_watchdog(self) -> None:
+    async def enqueue(self, spec: TrialSpec) -> bool:
+        """Queue ``spec`` to start as soon as the running attempt ends (see the module
+        docs). False, and nothing queued, if the driver already knows it ended, or
+        another attempt is queued: the driver then starts ``spec`` the usual way."""
+        if self._end_reported or self._next is not None or self._thread is None:
+            return False
+        self._next = spec
+        return True
+
+    async def unqueue(self, trial_id: str) -> bool:
+        """Drop the queued attempt of ``trial_id``; False if it has started (or was
+        never queued here)."""
+        if self._next is not None and self._next.trial_id == trial_id:
+            self._next = None
+            return True
+        return False
+
+    async def _orphan_watchdog(self, thread: threading.Thread) -> None:
         """Stop the trial when no driver has polled for a while (the driver died): an
         orphan would go on committing checkpoints that no driver logged."""
         timeout = _dask_config.get_seconds("executor.orphan-timeout")
-        while self._thread is not None and self._thread.is_alive():
+        while thread.is_alive() and self._thread is thread:
             await asyncio.sleep(min(1.0, timeout / 4))
-            if time.monotonic() - self._last_poll > timeout:
+            if time.monotonic() - self._last_poll > timeout and self._thread is thread:
                 self.fence(f"no driver polled it for {timeout:.0f}s")
                 return
 
@@ -118,6 +146,7 @@ class TrialActor:
         by :class:`~dasktune.recovery.FencePlugin` and by the orphan watchdog."""
         if self.fenced_reason is None:
             self.fenced_reason = reason
+        self._next = None  # this actor is being dropped: start nothing more on it
         self._fenced.set()
         self._stop_now.set()
         with self._cond:
@@ -147,19 +176,42 @@ class TrialActor:
             try:
                 await asyncio.wait_for(self._wakeup.wait(), wait)
                 if not self.spec.sync_reports and not self._finished:
-                    # Linger a moment so a fast trial's reports travel in batches (not
-                    # once it ended: its slot waits for this reply).
-                    await asyncio.sleep(_LINGER)
+                    # Linger a moment so a fast trial's reports travel in batches, but
+                    # not past its end: its slot waits for this reply.
+                    assert self._ended is not None
+                    await asyncio.wait_for(self._ended.wait(), _LINGER)
             except asyncio.TimeoutError:
                 pass
+        if attempt is not None and attempt != f"{self.spec.trial_id}:{self.spec.attempt}":
+            return {"reports": [], "finished": False, "error": None}
         with self._cond:
             batch = [item for _, item in zip(range(_MAX_BATCH), self._buffer)]
             finished = self._finished and len(batch) == len(self._buffer)
-            return {"reports": batch, "finished": finished,
-                    "error": self._error if finished else None}
+            reply = {"reports": batch, "finished": finished,
+                     "error": self._error if finished else None}
+        if finished:
+            # The reply carries the attempt's last reports (they need no ack): from here
+            # the actor may take the queued attempt.
+            self._end_reported = True
+            if self._next is not None:
+                spec, self._next = self._next, None
+                if self._thread is not None:
+                    self._thread.join(1.0)  # it is past _finished: only its wake-up is left
+                stale = self._reset_now(spec)
+                if stale is not None:
+                    asyncio.ensure_future(asyncio.to_thread(stale.stop))
+                reply["next"] = self._launch()
+        return reply
 
     async def reset(self, spec: TrialSpec) -> None:
         """Take a new attempt (of any trial) once the previous one has ended."""
+        stale = self._reset_now(spec)
+        if stale is not None:
+            await asyncio.to_thread(stale.stop)
+
+    def _reset_now(self, spec: TrialSpec) -> Any:
+        """Become a fresh actor for ``spec``; returns a kept instance the new attempt
+        cannot reuse (for the caller to stop off the event loop), or None."""
         if self._thread is not None and self._thread.is_alive():
             raise RuntimeError("the previous trial of this actor is still running")
         kept = self._kept
@@ -167,8 +219,9 @@ class TrialActor:
         if kept is not None:
             if spec.reuse_instance and type(kept) is self.spec.trainable:
                 self._kept = kept  # offered to the new trial through reset_config
-            else:
-                await asyncio.to_thread(kept.stop)
+                return None
+            return kept
+        return None
 
     async def close(self) -> None:
         """The actor is being dropped: clean up an instance kept for reuse."""
@@ -224,10 +277,12 @@ class TrialActor:
                         not self._stop_after_checkpoint.is_set():
                     self._cond.wait(1.0)
 
-    def _wake(self) -> None:
+    def _wake(self, ended: bool = False) -> None:
         if self._loop is not None and self._wakeup is not None:
             try:
                 self._loop.call_soon_threadsafe(self._wakeup.set)
+                if ended and self._ended is not None:
+                    self._loop.call_soon_threadsafe(self._ended.set)
             except RuntimeError:  # the worker's loop closed: the worker is going away
                 pass
 
@@ -259,7 +314,7 @@ class TrialActor:
             session.close()
             with self._cond:
                 self._finished = True
-            self._wake()
+            self._wake(ended=True)
 
     def _run_function(self, session: TrialSession) -> None:
         config = copy.deepcopy(self.spec.config)

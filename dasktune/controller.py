@@ -15,6 +15,7 @@ dropped. After a restart, iterations already logged are not logged again.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 import time
@@ -32,6 +33,7 @@ from dasktune.executor import (
     REPORTS,
     START_FAILED,
     STARTED,
+    UNQUEUED,
     WORKER_ADDED,
     WORKER_LOST,
     WORKER_RETIRING,
@@ -146,6 +148,13 @@ class TuneController:
         self.params = params or {}
         self.trials: list[Trial] = list(trials or [])
         self._by_id = {t.trial_id: t for t in self.trials}
+        # PENDING and PAUSED trials by their place in self.trials, so that picking the
+        # next one and "is any waiting?" cost no scan of every trial (10k+ of them).
+        self._pos = {t.trial_id: i for i, t in enumerate(self.trials)}
+        self._waiting: dict[str, list[tuple[int, str]]] = {PENDING: [], PAUSED: []}
+        self._n_waiting = {PENDING: 0, PAUSED: 0}
+        for trial in self.trials:
+            self._index(trial, None)
         self._save_state = save_state
         self._can_scale = can_scale
         # Local storage: workers that join later are checked before their first trial.
@@ -178,6 +187,18 @@ class TuneController:
 
         self._sync_reports = bool(_dask_config.get("executor.sync-reports")) or \
             type(scheduler) is not FIFOScheduler
+        # Successors queued on busy actors (executor.queue_after): only where asking the
+        # searcher early costs nothing (its suggestions ignore results) and the FIFO
+        # scheduler's choice is "the next trial". An elastic cluster should grow for a
+        # waiting trial instead.
+        self._queue_next = bool(_dask_config.get("executor.queue-next")) and \
+            type(scheduler) is FIFOScheduler and not can_scale and \
+            bool(getattr(search_alg, "suggests_ahead", False)) and \
+            hasattr(executor, "queue_after")
+        self._queued: dict[str, str] = {}  # queued trial -> the running trial it waits behind
+        self._behind: dict[str, str] = {}  # running trial -> its queued successor
+        self._need_next: set[str] = set()  # running trials with no successor queued
+        self._unqueuing: set[str] = set()
 
     # ------------------------------------------------------------------ loop
     def run(self) -> list[Trial]:
@@ -205,7 +226,7 @@ class TuneController:
             return False
         if self._stop_all:
             return True
-        if any(t.status in (PENDING, PAUSED) for t in self.trials):
+        if self._n_waiting[PENDING] or self._n_waiting[PAUSED]:
             return False
         return self.search_alg.is_finished()
 
@@ -254,7 +275,7 @@ class TuneController:
             self._flush_errors()
         for trial in self.trials:
             if trial.status == RUNNING:  # interrupted: resumable on restore
-                trial.set_status(PENDING)
+                self._set_status(trial, PENDING)
         try:
             self.save()
         finally:
@@ -292,9 +313,14 @@ class TuneController:
         if self._stop_all:
             return 0
         while self._concurrency_ok():
-            trial = self.scheduler.choose_trial_to_run(self._ctx)
+            trial = self._choose_trial_to_run()
             if trial is None:
-                if any(t.status == PENDING for t in self.trials) or self.search_alg.is_finished():
+                if self._queued:
+                    if self.search_alg.is_finished() or not self._new_trial():
+                        self._take_back_queued()  # a free slot and no new trial: use it
+                        break
+                    continue
+                if self._n_waiting[PENDING] or self.search_alg.is_finished():
                     break
                 if not self._new_trial():
                     break
@@ -302,7 +328,99 @@ class TuneController:
             if not self._try_start(trial):
                 break
             started += 1
+        if self._queue_next and self._need_next:
+            self._queue_successors()
         return started
+
+    def _choose_trial_to_run(self) -> Trial | None:
+        from dasktune.schedulers import TrialScheduler
+
+        if type(self.scheduler).choose_trial_to_run is not TrialScheduler.choose_trial_to_run:
+            return self.scheduler.choose_trial_to_run(self._ctx)
+        # The base class's choice (the first PENDING trial, else the first PAUSED one)
+        # from the index, minus the queued trials (queued only under FIFO).
+        return self._first(PENDING) or self._first(PAUSED)
+
+    # ------------------------------------------------------------- status index
+    def _set_status(self, trial: Trial, status: str) -> None:
+        old = trial.status
+        trial.set_status(status)
+        if old != status:
+            self._index(trial, old)
+
+    def _index(self, trial: Trial, old: str | None) -> None:
+        if old in self._n_waiting:
+            self._n_waiting[old] -= 1  # type: ignore[index]
+        if trial.status in self._n_waiting:
+            self._n_waiting[trial.status] += 1
+            heapq.heappush(self._waiting[trial.status],
+                           (self._pos[trial.trial_id], trial.trial_id))
+
+    def _first(self, status: str) -> Trial | None:
+        """The first trial (in trial order) with ``status`` that is not queued."""
+        heap, skipped = self._waiting[status], []
+        found = None
+        while heap:
+            tid = heap[0][1]
+            if self._by_id[tid].status != status:
+                heapq.heappop(heap)  # left that status since it was indexed
+            elif tid in self._queued:
+                skipped.append(heapq.heappop(heap))
+            else:
+                found = self._by_id[tid]
+                break
+        for item in skipped:
+            heapq.heappush(heap, item)
+        return found
+
+    # ------------------------------------------------------------- queued successors
+    def _queue_successors(self) -> None:
+        """Queue a successor behind every running trial that has none (see __init__)."""
+        for tid in list(self._need_next):
+            running = self._by_id.get(tid)
+            if running is None or running.status != RUNNING or tid in self._action or \
+                    tid in self._behind:
+                self._need_next.discard(tid)
+                continue
+            trial = self._successor_candidate()
+            if trial is None:
+                return
+            if trial.resources != running.resources:
+                return  # it waits for a slot that fits it
+            spec = self._spec_for(trial)
+            if not self.executor.queue_after(tid, spec):
+                self._need_next.discard(tid)
+                continue
+            self._need_next.discard(tid)
+            self._queued[trial.trial_id] = tid
+            self._behind[tid] = trial.trial_id
+            if self._waiting_trial is trial:
+                self._waiting_reason = self._waiting_trial = None
+
+    def _successor_candidate(self) -> Trial | None:
+        """The trial that waits for a slot if it never ran, else a new one."""
+        waiting = self._waiting_trial
+        if waiting is not None and waiting.status == PENDING and not waiting.placements and \
+                waiting.trial_id not in self._queued and not waiting.checkpoint and \
+                not waiting.restore_path:
+            return waiting
+        if self._stop_all or self.search_alg.is_finished() or not self._new_trial():
+            return None
+        trial = self.trials[-1]
+        return trial if trial.trial_id not in self._queued else None
+
+    def _take_back_queued(self) -> None:
+        """A slot is free but the search has nothing new: take back one queued trial
+        (it then starts here instead of behind a running one)."""
+        for tid in self._queued:
+            if tid in self._unqueuing:
+                continue
+            trial = self._by_id[tid]
+            if self.executor.place(trial.resources) is None:
+                return
+            self._unqueuing.add(tid)
+            self.executor.unqueue(tid)
+            return
 
     def _new_trial(self) -> bool:
         from dasktune import tuner_build
@@ -318,8 +436,10 @@ class TuneController:
         tuner_build.apply_name_creators(trial, self.tune_config)
         dirname = trial.custom_dirname or f"{self.trainable_name}_{trial.dirname}"
         trial.path = self.storage.trial_path(dirname)
+        self._pos[trial.trial_id] = len(self.trials)
         self.trials.append(trial)
         self._by_id[trial.trial_id] = trial
+        self._index(trial, None)
         self.scheduler.on_trial_add(self._ctx, trial)
         self._dirty = True
         return True
@@ -359,6 +479,20 @@ class TuneController:
         self._waiting_trial = None
         self._no_workers_since = None
         was_paused = trial.status == PAUSED
+        spec = self._spec_for(trial)
+        # A restart continues the iteration count of its checkpoint, or restarts at 0.
+        self._set_status(trial, RUNNING)
+        self.executor.start(spec, trial.resources, worker, self.params)
+        host = self.executor.workers().get(worker, {}).get("host", "")
+        trial.placements.append(Placement(attempt=trial.attempt, worker=worker, host=host,
+                                          start=time.time()))
+        if was_paused:
+            self.scheduler_hook("on_trial_unpause", trial)
+        self._dirty = True
+        return True
+
+    def _spec_for(self, trial: Trial) -> TrialSpec:
+        """The trial's next attempt, as its actor gets it."""
         trial.attempt += 1
         restore = trial.restore_path or trial.checkpoint
         meta = self._checkpoint_meta(trial, restore)
@@ -385,16 +519,7 @@ class TuneController:
             reuse_instance=self._reuse_instances,
         )
         trial.restore_path = None
-        # A restart continues the iteration count of its checkpoint, or restarts at 0.
-        trial.set_status(RUNNING)
-        self.executor.start(spec, trial.resources, worker, self.params)
-        host = self.executor.workers().get(worker, {}).get("host", "")
-        trial.placements.append(Placement(attempt=trial.attempt, worker=worker, host=host,
-                                          start=time.time()))
-        if was_paused:
-            self.scheduler_hook("on_trial_unpause", trial)
-        self._dirty = True
-        return True
+        return spec
 
     def scheduler_hook(self, name: str, trial: Trial) -> None:
         hook = getattr(self.search_alg, name, None)
@@ -440,10 +565,24 @@ class TuneController:
             logger.debug("dropping %s from stale attempt %s of %s", event.kind, event.attempt,
                          event.trial_id)
             return
+        if event.kind == UNQUEUED:
+            self._unqueuing.discard(trial.trial_id)
+            behind = self._queued.pop(trial.trial_id, None)
+            if behind is not None:
+                self._behind.pop(behind, None)
+            self._dirty = True  # PENDING again, to start in the next free slot
+            return
+        if event.kind in (FINISHED, LOST, START_FAILED):
+            self._need_next.discard(trial.trial_id)
+            self._behind.pop(trial.trial_id, None)
         if event.kind == STARTED:
-            if trial.placements:
+            if trial.trial_id in self._queued:
+                self._on_queued_started(trial, event.info)
+            elif trial.placements:
                 p = trial.placements[-1]
                 p.host = event.info.get("host", p.host)
+            if self._queue_next and trial.status == RUNNING:
+                self._need_next.add(trial.trial_id)
             self.callbacks.on_trial_start(iteration=self._iteration, trials=self.trials,
                                           trial=trial)
             if trial.checkpoint and trial.attempt > 1:
@@ -459,6 +598,23 @@ class TuneController:
             self._end_placement(trial, "error")
             self.executor.release(trial.trial_id)
             self._on_user_error(trial, event.error or "trial actor failed to start")
+
+    def _on_queued_started(self, trial: Trial, info: dict[str, Any]) -> None:
+        """A queued trial took over its predecessor's actor: it runs now."""
+        self._unqueuing.discard(trial.trial_id)
+        behind = self._queued.pop(trial.trial_id)
+        self._behind.pop(behind, None)
+        self._set_status(trial, RUNNING)
+        worker = info.get("worker", "")
+        trial.placements.append(Placement(attempt=trial.attempt, worker=worker,
+                                          host=info.get("host", ""), start=time.time()))
+        self._dirty = True
+        if self._stop_all:  # taken back too late: stop it (left resumable at shutdown)
+            self._action[trial.trial_id] = _STOPPING
+            self.executor.stop(trial.trial_id)
+        elif worker in self._retiring:
+            self._action[trial.trial_id] = _REQUEUE
+            self.executor.stop(trial.trial_id, checkpoint=True)
 
     def _on_reports(self, trial: Trial,
                     reports: list[tuple[int, dict[str, Any] | None, str | None]]) -> None:
@@ -564,7 +720,7 @@ class TuneController:
         """TERMINATED: the trial is done (its attempt may still be winding down)."""
         if trial.is_finished:
             return
-        trial.set_status(TERMINATED)
+        self._set_status(trial, TERMINATED)
         self.executor.withdraw(trial.trial_id)  # stopped while it waited for resources
         trial.last_result = dict(trial.last_result, done=True) if trial.last_result else {}
         if early_stopped:
@@ -594,16 +750,16 @@ class TuneController:
             return
         if action == _PAUSING:
             self._end_placement(trial, "paused")
-            trial.set_status(PAUSED)
+            self._set_status(trial, PAUSED)
         elif action == _EXPLOITING:
             self._end_placement(trial, "exploited")
             exploit = self._pending_exploit.pop(tid)
             trial.config = dict(exploit.config)
             trial.restore_path = exploit.checkpoint
-            trial.set_status(PENDING)
+            self._set_status(trial, PENDING)
         elif action == _REQUEUE:
             self._end_placement(trial, "moved")
-            trial.set_status(PENDING)
+            self._set_status(trial, PENDING)
         elif action == _STOPPING:
             self._end_placement(trial, "stopped")
         else:
@@ -633,7 +789,7 @@ class TuneController:
             return
         logger.info("trial %s: %s; restarting from %s", tid, why,
                     trial.checkpoint or "scratch")
-        trial.set_status(PAUSED if action == _PAUSING else PENDING)
+        self._set_status(trial, PAUSED if action == _PAUSING else PENDING)
         self.callbacks.on_trial_recover(iteration=self._iteration, trials=self.trials,
                                         trial=trial)
         self._dirty = True
@@ -666,7 +822,7 @@ class TuneController:
         if not trial.is_finished and (limit == -1 or trial.num_failures <= limit) \
                 and not self.failure_config.fail_fast:
             trial.error_msg = error
-            trial.set_status(PENDING)
+            self._set_status(trial, PENDING)
             self.callbacks.on_trial_recover(iteration=self._iteration, trials=self.trials,
                                             trial=trial)
             return
@@ -683,7 +839,7 @@ class TuneController:
         if trial.is_finished:
             return
         trial.error_msg = error
-        trial.set_status(ERROR)
+        self._set_status(trial, ERROR)
         self.executor.withdraw(trial.trial_id)
         self.scheduler.on_trial_error(self._ctx, trial)
         self.search_alg.on_trial_complete(trial.trial_id, result=None, error=True)
@@ -780,6 +936,8 @@ class TuneController:
             return
         logger.info("stopping the experiment: %s", why)
         self._stop_all = True
+        for tid in self._queued:
+            self.executor.unqueue(tid)
         for trial in self.trials:
             if trial.status == RUNNING:
                 self._complete(trial, None)
@@ -799,4 +957,6 @@ class TuneController:
             self._action[tid] = _REQUEUE
             self.executor.stop(tid, checkpoint=True)
             moved.append(tid)
+            if tid in self._behind:  # its successor must not start on this worker
+                self.executor.unqueue(self._behind[tid])
         return moved

@@ -15,6 +15,14 @@ Why our own RPC: calls go straight to the actor's worker (``actor_execute``, abo
 1 ms) with timeouts we choose; Dask's ``Actor`` proxy instead waits on the actor's
 task when a worker vanishes, which can wait forever for a pinned task.
 
+Why queued attempts: a slot whose trial ends idles until the driver has heard of it and
+started the next trial, a few milliseconds, which is most of the cost of a 0.1 s trial.
+:meth:`DaskExecutor.queue_after` sends the next attempt to the running one's actor ahead
+of time (only when the searcher's suggestions do not depend on results, see the
+controller); the actor starts it the moment it reports the end of the running one. A
+queued attempt is not running: it counts in no resource ledger until it starts, and
+:meth:`~DaskExecutor.unqueue` takes it back.
+
 Why demand tasks: Dask's ``Adaptive`` sizes a cluster from the scheduler's view
 (:meth:`distributed.Scheduler.adaptive_target` counts queued and unrunnable tasks), and
 a trial becomes a task only once it is placed, so an elastic cluster would never grow
@@ -56,6 +64,7 @@ START_FAILED = "start_failed"
 WORKER_LOST = "worker_lost"  # from the recovery plugin; trial_id is ""
 WORKER_RETIRING = "worker_retiring"
 WORKER_ADDED = "worker_added"  # wakes the driver loop: waiting trials are placed at once
+UNQUEUED = "unqueued"  # a queued attempt (queue_after) will not start: start it anew
 
 
 @dataclass
@@ -80,6 +89,9 @@ class _Run:
     task: asyncio.Future[Any] | None = None
     started: bool = False
     finished: bool = False  # its actor's thread ended cleanly: the actor can be reused
+    next: _Run | None = None  # queued behind this attempt on its actor (loop thread only)
+    prev: _Run | None = None  # the attempt this one is queued behind
+    enqueued: asyncio.Future[bool] | None = None  # the actor's answer to enqueue
 
 
 class DaskExecutor:
@@ -108,6 +120,7 @@ class DaskExecutor:
         # the scheduler decides whether they are gone.
         self._suspect: dict[str, float] = {}
         self._pool_size = int(_dask_config.get("executor.idle-actors-per-worker"))
+        self._queued: dict[str, _Run] = {}  # trial id -> attempt queued on a busy actor
         # Trials that wait for resources -> their request (driver thread); their
         # placeholder futures live on the client loop only, so the two never race.
         self._demands: dict[str, dict[str, float]] = {}
@@ -302,7 +315,7 @@ class DaskExecutor:
 
     def stop(self, trial_id: str, checkpoint: bool = False) -> None:
         """Ask an attempt to end (after its next checkpoint if ``checkpoint``)."""
-        run = self._runs.get(trial_id)
+        run = self._runs.get(trial_id) or self._queued.get(trial_id)
         if run is None:
             return
         if not run.started:
@@ -317,6 +330,36 @@ class DaskExecutor:
         if run is None or not run.started:
             return
         asyncio.run_coroutine_threadsafe(self._call_quiet(run, "checkpoint"), self._loop)
+
+    def queue_after(self, running_id: str, spec: TrialSpec) -> bool:
+        """Queue ``spec`` on the actor of the running trial ``running_id``, to start there
+        with the same resources when that attempt ends (see the module docs). Its start
+        arrives as a STARTED event right after the running trial's FINISHED event; if it
+        will not start there, an UNQUEUED event says so. False if it cannot be queued."""
+        prev = self._runs.get(running_id)
+        # Not for GPU trials: their devices are allocated per start (and they are long).
+        if prev is None or not prev.started or prev.finished or self._closed or \
+                prev.resources.get("GPU", 0.0) > 0 or \
+                prev.worker in self._retiring or prev.worker in self._gone or \
+                spec.trial_id in self._runs or spec.trial_id in self._queued or \
+                any(q.prev is prev for q in self._queued.values()):
+            return False
+        self.withdraw(spec.trial_id)
+        run = _Run(spec=spec, worker=prev.worker, resources=dict(prev.resources),
+                   key=prev.key, prev=prev)
+        self._queued[spec.trial_id] = run
+        asyncio.run_coroutine_threadsafe(self._enqueue(run), self._loop)
+        return True
+
+    def unqueue(self, trial_id: str) -> None:
+        """Take back a queued attempt: an UNQUEUED event follows, unless it has started
+        already (then its STARTED event comes as for any other start)."""
+        run = self._queued.get(trial_id)
+        if run is not None:
+            asyncio.run_coroutine_threadsafe(self._unqueue(run), self._loop)
+
+    def is_queued(self, trial_id: str) -> bool:
+        return trial_id in self._queued
 
     def release(self, trial_id: str) -> None:
         """Forget an attempt (after its FINISHED/LOST/START_FAILED event): free its
@@ -350,6 +393,9 @@ class DaskExecutor:
         """Mark every attempt on ``addr`` lost (told by the scheduler plugin)."""
         lost = self.running_on(addr)
         self._drop_idle(addr)
+        for tid, run in self._queued.items():
+            if run.worker == addr:
+                self._events.put(ExecEvent(UNQUEUED, tid, run.spec.attempt))
         for tid in lost:
             run = self._runs[tid]
             self._events.put(ExecEvent(LOST, tid, run.spec.attempt,
@@ -366,20 +412,49 @@ class DaskExecutor:
 
     def events(self, timeout: float) -> list[ExecEvent]:
         """Every event so far, waiting up to ``timeout`` s for the first."""
-        out: list[ExecEvent] = []
+        got: list[ExecEvent] = []
         try:
-            out.append(self._events.get(timeout=timeout))
+            got.append(self._events.get(timeout=timeout))
         except queue.Empty:
-            return out
+            return got
         while True:
             try:
-                out.append(self._events.get_nowait())
+                got.append(self._events.get_nowait())
             except queue.Empty:
-                return out
+                break
+        out: list[ExecEvent] = []
+        for event in got:
+            if event.kind == UNQUEUED:
+                run = self._queued.get(event.trial_id)
+                if run is None or run.spec.attempt != event.attempt:
+                    continue  # told twice (say, lost and rejected): once is enough
+                del self._queued[event.trial_id]
+            out.append(event)
+            started = event.info.get("next") if event.kind == FINISHED else None
+            if started is not None:
+                # The queued attempt took over the actor in the same reply: account for
+                # it here, in one step with the end of the last, so no other trial is
+                # placed into the slot in between.
+                tid, info = started
+                run = self._queued.pop(tid)
+                self._runs[tid] = run
+                used = self._used.setdefault(run.worker, {})
+                for k, v in run.resources.items():
+                    used[k] = used.get(k, 0.0) + v
+                out.append(ExecEvent(STARTED, tid, run.spec.attempt, info=info))
+        return out
 
     def shutdown(self) -> None:
         """Stop every attempt and drop its actor."""
         self._closed = True
+        for run in list(self._queued.values()):  # so that no stop below starts one
+            if run.prev is not None:
+                try:
+                    asyncio.run_coroutine_threadsafe(self._call_quiet(
+                        run.prev, "unqueue", run.spec.trial_id), self._loop).result(2)
+                except Exception:  # noqa: BLE001 - best effort on the way out
+                    pass
+        self._queued.clear()
         if self._watching:
             from dasktune import recovery
 
@@ -447,6 +522,38 @@ class DaskExecutor:
         except Exception as exc:  # noqa: BLE001 - the poll loop reports a dead actor
             logger.debug("%s(%s) on %s failed: %r", method, run.spec.trial_id, run.worker, exc)
 
+    async def _enqueue(self, run: _Run) -> None:
+        prev = run.prev
+        assert prev is not None
+        run.enqueued = self._loop.create_future()
+        prev.next = run  # before the answer: the reply that starts it may come first
+        try:
+            ok = bool(await self._call(prev, "enqueue", run.spec, timeout=10.0))
+        except Exception as exc:  # noqa: BLE001 - the actor or its worker is gone
+            logger.debug("enqueue of %s on %s failed: %r", run.spec.trial_id, run.worker, exc)
+            ok = False
+        run.enqueued.set_result(ok)
+        if not ok:
+            if prev.next is run:
+                prev.next = None
+            self._events.put(ExecEvent(UNQUEUED, run.spec.trial_id, run.spec.attempt))
+
+    async def _unqueue(self, run: _Run) -> None:
+        prev = run.prev
+        assert prev is not None
+        while run.enqueued is None:  # _enqueue has not run yet (same loop, FIFO)
+            await asyncio.sleep(0)
+        if not await run.enqueued or run.started:
+            return  # rejected (already told) or started
+        try:
+            ok = bool(await self._call(prev, "unqueue", run.spec.trial_id, timeout=10.0))
+        except Exception:  # noqa: BLE001 - lost with its worker: that path tells it
+            return
+        if ok:
+            if prev.next is run:
+                prev.next = None
+            self._events.put(ExecEvent(UNQUEUED, run.spec.trial_id, run.spec.attempt))
+
     async def _create(self, run: _Run, params: dict[str, Any]) -> None:
         """Create the attempt's actor on its worker; on failure, report and leave
         ``run.future`` None."""
@@ -495,27 +602,13 @@ class DaskExecutor:
                 info = await self._call(run, "start")
             run.started = True
             self._events.put(ExecEvent(STARTED, tid, attempt, info=info))
-            if tid in self._pending_stop:
-                await self._call_quiet(run, "stop", self._pending_stop.pop(tid))
-            ack = 0
-            fence = f"{tid}:{attempt}"
             while True:
-                reply = await self._call(run, "poll", ack, self._poll_wait, fence,
-                                         timeout=self._poll_wait + 30.0)
-                reports = reply["reports"]
-                if reports:
-                    ack = reports[-1][0]
-                if reply["finished"]:
-                    # Before the event: the driver may release the attempt at once, and
-                    # only a finished actor goes back to the pool for the next trial.
-                    run.finished = True
-                if reports or reply["finished"]:
-                    kind = FINISHED if reply["finished"] else REPORTS
-                    self._events.put(ExecEvent(kind, tid, attempt, reports=reports,
-                                               error=reply["error"]))
-                if reply["finished"]:
-                    await self._call_quiet(run, "poll", ack, 0, fence)  # drop the last batch
+                await self._poll_until_finished(run)
+                nxt = run.next
+                if nxt is None or not nxt.started:
                     return
+                # The queued attempt runs on this actor now: drive it in this coroutine.
+                run, tid, attempt = nxt, nxt.spec.trial_id, nxt.spec.attempt
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - comm errors: the worker (or actor) is gone
@@ -523,6 +616,50 @@ class DaskExecutor:
                 self._suspect[run.worker] = time.monotonic() + 5.0
                 self._events.put(ExecEvent(LOST, tid, attempt,
                                            error=f"lost contact with {run.worker}: {exc!r}"))
+                if run.next is not None:
+                    self._events.put(ExecEvent(UNQUEUED, run.next.spec.trial_id,
+                                               run.next.spec.attempt))
+
+    async def _poll_until_finished(self, run: _Run) -> None:
+        """Collect ``run``'s reports until it ends; on the reply that ends it, hand its
+        actor to the attempt queued behind it if the actor started that one."""
+        tid, attempt = run.spec.trial_id, run.spec.attempt
+        ack = 0
+        fence = f"{tid}:{attempt}"
+        while True:
+            if tid in self._pending_stop:
+                await self._call_quiet(run, "stop", self._pending_stop.pop(tid))
+            reply = await self._call(run, "poll", ack, self._poll_wait, fence,
+                                     timeout=self._poll_wait + 30.0)
+            reports = reply["reports"]
+            if reports:
+                ack = reports[-1][0]
+            if not reply["finished"]:
+                if reports:
+                    self._events.put(ExecEvent(REPORTS, tid, attempt, reports=reports))
+                continue
+            nxt, info = run.next, reply.get("next")
+            if nxt is not None and info is not None:
+                nxt.future, run.future = run.future, None
+                nxt.task, run.task = run.task, None
+                nxt.started = True
+            # Before the event: the driver may release the attempt at once, and only a
+            # finished actor goes back to the pool for the next trial.
+            run.finished = True
+            started = (nxt.spec.trial_id, info) if nxt is not None and info is not None \
+                else None
+            self._events.put(ExecEvent(FINISHED, tid, attempt, reports=reports,
+                                       error=reply["error"],
+                                       info={"next": started} if started else {}))
+            if started:
+                return  # the actor reset itself for the next attempt: nothing to drop
+            if nxt is not None and nxt.enqueued is not None and nxt.enqueued.done() and \
+                    nxt.enqueued.result():
+                # Accepted, yet not started (the attempt was fenced): start it anew.
+                run.next = None
+                self._events.put(ExecEvent(UNQUEUED, nxt.spec.trial_id, nxt.spec.attempt))
+            await self._call_quiet(run, "poll", ack, 0, fence)  # drop the last batch
+            return
 
 
 def _waiting_trial(trial_id: str) -> str:

@@ -12,6 +12,7 @@ Three files at the experiment root:
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ class StateWriter:
         self.param_space = param_space
         self.start_time = time.time()
         self._warned = False
+        self._texts: dict[str, tuple[tuple[Any, ...], str]] = {}
 
     def write_static(self) -> None:
         """``tuner.pkl``: what restore needs besides the trainable."""
@@ -85,7 +87,7 @@ class StateWriter:
             "timestamp": time.time(),
             "finished": controller.search_alg.is_finished() and all(t.is_finished for t in trials),
             "trial_counts": counts,
-            "trials": [t.to_state() for t in trials],
+            "trials": [],
         }
         try:
             searcher_state = cloudpickle.dumps({
@@ -103,7 +105,35 @@ class StateWriter:
         # Searcher first: a state file never points at a searcher state older than itself.
         if searcher_state is not None:
             self.storage.write_bytes(self.storage.path(SEARCHER_STATE_FILE), searcher_state)
-        self.storage.write_json(self.storage.path(STATE_FILE), state)
+        head = _dumps(state)
+        assert head.endswith('"trials":[]}')
+        text = head[:-2] + ",".join(self._trial_text(t) for t in trials) + "]}"
+        self.storage.write_bytes(self.storage.path(STATE_FILE), text.encode())
+
+    def _trial_text(self, trial: Trial) -> str:
+        """A trial's JSON; a finished trial's is kept while nothing it holds changes (the
+        state is rewritten all through a run: with 10k trials, re-encoding every one
+        each time would take the driver tens of milliseconds per save)."""
+        if not trial.is_finished:
+            return _dumps(trial.to_state())
+        last = trial.placements[-1] if trial.placements else None
+        key = (trial.status, trial.attempt, trial.logged_iteration, len(trial.checkpoints),
+               trial.checkpoint, len(trial.placements), last and last.end, last and last.host,
+               trial.num_failures, trial.num_restarts, trial.error_file, trial.error_msg,
+               trial.stop_reason, trial.restore_path, id(trial.last_result),
+               id(trial.config))
+        cached = self._texts.get(trial.trial_id)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        text = _dumps(trial.to_state())
+        self._texts[trial.trial_id] = (key, text)
+        return text
+
+
+def _dumps(obj: Any) -> str:
+    from dasktune.storage import _json_default
+
+    return json.dumps(obj, default=_json_default, separators=(",", ":"))
 
 
 def _replace(rc: RunConfig, **changes: Any) -> RunConfig:

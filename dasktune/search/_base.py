@@ -230,6 +230,12 @@ class SearchAlgorithm:
         """How many trials this search makes in all, or None if unknown or unbounded."""
         return None
 
+    @property
+    def suggests_ahead(self) -> bool:
+        """Whether asking for a trial early costs nothing: the suggestions do not depend
+        on results, so the driver may queue the next trial behind a running one."""
+        return False
+
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         """An intermediate result of a running trial."""
 

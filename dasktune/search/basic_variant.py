@@ -130,6 +130,11 @@ class BasicVariantGenerator(SearchAlgorithm):
             self._batch_fixed = sp.sample_domains(self._batch()[0][1], self._rng)
         return True
 
+    @property
+    def suggests_ahead(self) -> bool:
+        """Variants ignore results: they may be asked for before a slot is free."""
+        return True
+
     def next_trial(self) -> Suggestion | None:
         """The next variant, or None if finished or ``max_concurrent`` trials are live."""
         if self._space is None:
