@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import base64
 import copy
+import os
+import re
+import signal
 import socket
 
 import dask.config
@@ -95,7 +98,8 @@ def _cluster_file(ec2, security: bool = False) -> dict:
 
 
 def _point_vms_at(monkeypatch, port: int | None, on_worker) -> None:
-    """Moto VMs run nothing: report 127.0.0.1 as their IP and start a real worker instead."""
+    """Moto VMs run nothing: report 127.0.0.1 as their IP and start a real worker instead
+    (``on_worker(vm)``: the EC2Worker, whose ``instance`` is moto's)."""
     real = cp_ec2.EC2Instance.configure_vm
 
     async def configure_vm(self, client):
@@ -103,7 +107,7 @@ def _point_vms_at(monkeypatch, port: int | None, on_worker) -> None:
         if isinstance(self, cp_ec2.EC2Scheduler):
             self.port = port or 1  # port 1: nothing ever answers
         else:
-            on_worker()
+            on_worker(self)
         return "127.0.0.1", None
 
     monkeypatch.setattr(cp_ec2.EC2Instance, "configure_vm", configure_vm)
@@ -121,7 +125,7 @@ def test_up_issues_spot_run_instances_and_down_terminates(
     first.kill()
     first.wait(10)
     port = int(procs.address.rsplit(":", 1)[1])
-    _point_vms_at(monkeypatch, port, lambda: procs.add_worker(resources="CPU=2"))
+    _point_vms_at(monkeypatch, port, lambda vm: procs.add_worker(resources="CPU=2"))
     config = parse_cluster_config(_cluster_file(moto))
     provider = get_provider(config, name="moto-test")
 
@@ -156,8 +160,69 @@ def test_up_issues_spot_run_instances_and_down_terminates(
     assert not provider.state.exists()
 
 
+def _as_sent(params: dict) -> dict:
+    """RunInstances parameters with the user data decoded and the per-VM name masked."""
+    out = copy.deepcopy(params)
+    user_data = out["UserData"]
+    if "pip install" not in user_data:
+        user_data = base64.b64decode(user_data).decode()
+    out["UserData"] = re.sub(r"-worker-[0-9a-f]{8}", "-worker-<id>", user_data)
+    return out
+
+
+def test_up_again_tops_up_reclaimed_workers(moto, captured, loopback_only, monkeypatch,
+                                            dask_processes):
+    """A reclaimed spot worker: `up` again creates exactly the missing worker VM, as the
+    first `up` did, and the scheduler is back to min_workers; a gone scheduler is an error."""
+    procs = dask_processes(n_workers=0)
+    port = int(procs.address.rsplit(":", 1)[1])
+    by_instance = {}
+
+    def on_worker(vm):
+        # No nanny: one process per VM, quick to start and to kill with its VM.
+        by_instance[vm.instance["InstanceId"]] = procs.add_worker("--no-nanny",
+                                                                  resources="CPU=2")
+
+    _point_vms_at(monkeypatch, port, on_worker)
+    config = parse_cluster_config(_cluster_file(moto))
+    provider = get_provider(config, name="moto-topup")
+    with dask.config.set({"dasktune.cluster.spot-notice-url": "http://127.0.0.1:9/notice"}):
+        provider.up(timeout=30)
+        first = [c for c in captured if "InstanceMarketOptions" in c]
+        assert len(first) == 2 and len(provider.workers()) == 2
+
+        victim = sorted(by_instance)[0]  # the cloud reclaims one spot VM, its worker dies
+        moto.terminate_instances(InstanceIds=[victim])
+        os.killpg(by_instance[victim].pid, signal.SIGKILL)
+        by_instance[victim].wait(10)
+        wait_for(lambda: len(provider.workers()) == 1, timeout=15, what="the worker to leave")
+
+        captured.clear()
+        messages: list[str] = []
+        provider.up(timeout=30, progress=messages.append)
+    (again,) = captured  # one RunInstances: the missing worker, nothing for the head
+    assert _as_sent(again) == _as_sent(first[0])  # same market, type, AMI, user data, tags
+    assert again["InstanceMarketOptions"]["SpotOptions"]["MaxPrice"] == "1"
+    assert "with 1 worker instance(s); creating 1 worker VM(s)" in messages[0]
+    assert "workers joined 2/2" in messages
+    assert len(provider.workers()) == 2
+    assert len(provider.instances(role="worker")) == 2
+
+    # Nothing missing: `up` creates nothing.
+    captured.clear()
+    provider.up(timeout=30)
+    assert captured == []
+
+    head = provider.instances(role="scheduler")
+    moto.terminate_instances(InstanceIds=head)
+    with pytest.raises(ValueError, match="scheduler instance is gone.*`dasktune down` then"):
+        provider.up(timeout=30)
+    provider.down()
+    assert _live(moto) == []
+
+
 def test_failing_up_is_bounded_and_leaves_nothing(moto, loopback_only, monkeypatch):
-    _point_vms_at(monkeypatch, None, lambda: None)
+    _point_vms_at(monkeypatch, None, lambda vm: None)
     config = parse_cluster_config(_cluster_file(moto))
     provider = get_provider(config, name="moto-fail")
     with pytest.raises(TimeoutError, match="not up within 3s"):
@@ -251,6 +316,102 @@ def test_submit_exec_logs_through_a_serving_scheduler(dask_processes, monkeypatc
         provider.logs()), timeout=30, what="the detached driver's answer")
     assert running
     go.write_text("")
+    assert provider.follow(job) == 0  # `logs --follow`: the whole output, then its status
+    assert capsys.readouterr().out.rstrip().endswith("bye")
     # It ends as a child the scheduler never waits for (a zombie): still "ended".
     wait_for(lambda: not provider.logs(job)[1], timeout=30, what="the job to read as ended")
     assert provider.logs(job)[0].rstrip().endswith("bye")
+
+
+STREAMED = """
+import argparse, os, signal, sys, time
+
+signal.alarm(60)  # never outlive the test
+p = argparse.ArgumentParser()
+p.add_argument("--go", required=True)
+p.add_argument("--pid", required=True)
+p.add_argument("--address", required=True)
+args = p.parse_args()
+with open(args.pid + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.replace(args.pid + ".tmp", args.pid)
+print("first line", flush=True)
+while not os.path.exists(args.go):  # the test creates it once it saw the first line
+    time.sleep(0.05)
+print("after go", flush=True)
+sys.exit(7)
+"""
+
+
+@pytest.fixture
+def head_cli(dask_processes, monkeypatch, tmp_path):
+    """A recorded cloud cluster whose head is a real scheduler here; ``start(*args)`` runs
+    ``dasktune submit`` on it as a separate process, its stdout read line by line."""
+    import queue
+    import subprocess
+    import sys
+    import threading
+
+    from dasktune.cluster import load_cluster_config
+
+    config_home = tmp_path / "config"
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(config_home))
+    head = tmp_path / "head"
+    head.mkdir()
+    procs = dask_processes(n_workers=0, env={"HOME": str(head)})
+    provider = get_provider(load_cluster_config("cluster/aws-spot.yaml"), name="stream")
+    provider.state.write({"name": "stream", "provider": "aws",
+                          "scheduler_address": procs.address})
+    script = tmp_path / "driver.py"
+    script.write_text(STREAMED)
+    started: list[subprocess.Popen] = []
+
+    def start():
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "from dasktune.cli import main; main()", "submit",
+             "cluster/aws-spot.yaml", str(script), "-n", "stream", "--",
+             "--go", str(tmp_path / "go"), "--pid", str(tmp_path / "pid")],
+            env={**os.environ, "XDG_CONFIG_HOME": str(config_home)},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        started.append(proc)
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout] + [lines.put(None)],
+                         daemon=True).start()
+        return proc, lines
+
+    yield start
+    for proc in started:  # only what this test started
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+
+
+def test_submit_streams_the_driver_output_and_passes_its_exit_status(head_cli, tmp_path):
+    proc, lines = head_cli()
+    # The driver waits for `go` until this line reached the submit's own stdout: seeing
+    # it proves the output is streamed, not collected until the end.
+    assert lines.get(timeout=30) == "first line\n"
+    (tmp_path / "go").write_text("")
+    assert lines.get(timeout=30) == "after go\n"
+    assert lines.get(timeout=30) is None
+    assert proc.wait(30) == 7, proc.stderr.read()
+
+
+def test_ctrl_c_in_a_submit_stops_the_driver_on_the_head(head_cli, tmp_path):
+    import psutil
+
+    proc, lines = head_cli()
+    assert lines.get(timeout=30) == "first line\n"
+    driver = int((tmp_path / "pid").read_text())
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(30) == 130
+    assert "interrupted: stopped the driver (job-" in proc.stderr.read()
+
+    def gone():
+        try:
+            return psutil.Process(driver).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    wait_for(gone, timeout=10, what="the driver to be stopped")
+    assert not (tmp_path / "go").exists()  # it was stopped, not finished

@@ -1,9 +1,12 @@
-"""GCP: the instance body dask-cloudprovider would send, checked at ``create_gcp_config``."""
+"""GCP: the instance body dask-cloudprovider would send, checked at ``create_gcp_config``
+and, for a top-up, at the Compute API client."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import json
+import re
 
 import dask.config
 import pytest
@@ -83,3 +86,75 @@ def test_head_is_a_standard_vm_without_gpu(bodies):
     assert "guestAccelerators" not in body
     user_data = {i["key"]: i["value"] for i in body["metadata"]["items"]}["user-data"]
     assert "--dashboard-address :8787" in user_data and "['" not in user_data
+
+
+def _masked(body: dict) -> dict:
+    """An instance body without its user data, the per-VM name masked."""
+    text = json.dumps({k: v for k, v in body.items() if k != "metadata"})
+    return json.loads(re.sub(r"dask-[0-9a-f]{8}-worker-[0-9a-f]{8}", "<name>", text))
+
+
+class _RecordingCompute:
+    """The Compute API client at its narrowest: inserts are recorded, VMs run at once."""
+
+    inserted: list[dict] = []
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def instances(self):
+        return self
+
+    def insert(self, project, zone, body):
+        self.inserted.append(copy.deepcopy(body))
+        return _Call({"id": str(len(self.inserted))})
+
+    def list(self, project, zone, filter):
+        return _Call({"items": [{"status": "RUNNING", "networkInterfaces": [
+            {"networkIP": "10.0.0.9", "accessConfigs": [{"natIP": "192.0.2.9"}]}]}]})
+
+
+class _Call:
+    def __init__(self, result):
+        self.result = result
+
+    def execute(self):
+        return self.result
+
+
+def test_top_up_creates_the_same_preemptible_worker_for_the_recorded_scheduler(
+        bodies, monkeypatch, tmp_path):
+    """`up` on a running GCP cluster builds GCPWorker VMs from the file, dialing the
+    recorded internal address with the cluster's own TLS credentials and id."""
+    from distributed.security import Security
+
+    from dasktune.cluster import get_provider
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setattr(cp_gcp, "GCPCompute", _RecordingCompute)
+    monkeypatch.setattr(_RecordingCompute, "inserted", [])
+    provider = get_provider(load_cluster_config("cluster/gcp-preemptible.yaml"), name="t")
+    sec = Security.temporary()
+    tls = {}
+    for key, pem in (("ca", sec.tls_ca_file), ("cert", sec.tls_client_cert),
+                     ("key", sec.tls_client_key)):
+        path = provider.state.private_file(f"tls-{key}.pem")
+        path.write_text(pem)
+        tls[key] = str(path)
+    provider.state.write({"name": "t", "provider": "gcp", "cluster_id": "c0ffee00",
+                          "scheduler_address": "tls://198.51.100.2:8786",
+                          "worker_contact": "tls://10.0.0.2:8786", "tls": tls})
+
+    asyncio.run(provider._create_workers(2, timeout=10))
+    first, second = _RecordingCompute.inserted
+    assert first["name"] != second["name"] and first["name"].startswith("dask-c0ffee00-worker-")
+    # All but the user data (other certificates) as the first `up` would send for a worker.
+    assert _masked(first) == _masked(bodies["worker"])
+    assert first["scheduling"]["preemptible"] == "true"
+    user_data = {i["key"]: i["value"] for i in first["metadata"]["items"]}["user-data"]
+    assert "distributed.cli.dask_spec tls://10.0.0.2:8786" in user_data
+    assert '"resources": {"CPU": 4.0, "GPU": 1.0}' in user_data
+    # The worker inherits the cluster's own certificate through dask-cloudprovider's config.
+    inherited = re.search(r'DASK_INTERNAL_INHERIT_CONFIG="([^"]+)"', user_data).group(1)
+    comm = dask.config.deserialize(inherited)["distributed"]["comm"]
+    assert comm["tls"]["ca-file"] == sec.tls_ca_file and comm["require-encryption"] is True

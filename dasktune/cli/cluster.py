@@ -130,6 +130,9 @@ def submit(cluster_file: str, script: str, script_args: tuple[str, ...], name: s
 def logs(cluster_file: str, job: str | None, name: str | None, follow: bool) -> None:
     """Print the output of a detached job (the latest one by default)."""
     p = _provider(cluster_file, name)
+    if follow and hasattr(p, "follow"):  # a cloud head streams by offset
+        p.follow(job)
+        return
     shown = 0
     while True:
         text, running = p.logs(job)

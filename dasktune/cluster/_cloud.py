@@ -1,17 +1,21 @@
 """What AWS and GCP share: start through dask-cloudprovider with a bounded wait, keep the
-VMs after the command exits, and run head-node work through the scheduler process."""
+VMs after the command exits, top a running cluster up with dask-cloudprovider's own worker
+VMs, and run head-node work through the scheduler process."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import random
-import shlex
+import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dasktune.cluster._base import ClusterProvider, Progress, _quiet
+
+if TYPE_CHECKING:
+    from distributed.security import Security
 
 __all__ = ["CloudProvider", "check_cli_options"]
 
@@ -30,7 +34,13 @@ def check_cli_options(options: dict[str, Any], where: str) -> dict[str, Any]:
 
 class CloudProvider(ClusterProvider):
     """Subclasses say how to build the dask-cloudprovider cluster and how to find and
-    terminate this cluster's instances by their tag (so ``down`` works after a partial ``up``)."""
+    terminate this cluster's instances by their tag (so ``down`` works after a partial ``up``).
+
+    The dask-cloudprovider cluster object lives only as long as one command: ``up`` records
+    what a later ``up`` needs to add workers to the same cluster (the address workers dial,
+    the cluster id in the VM names, the TLS files) and builds a fresh, never-started cluster
+    object just to construct worker VMs from it.
+    """
 
     def cluster_kwargs(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -49,6 +59,14 @@ class CloudProvider(ClusterProvider):
     def spot(self) -> bool:
         raise NotImplementedError
 
+    def worker_contact(self, cluster: Any) -> str:
+        """The scheduler address the cluster's worker VMs dial (what SpecCluster passes)."""
+        return getattr(cluster.scheduler, "contact_address", None) or cluster.scheduler.address
+
+    def worker_vm(self, cluster: Any, contact: str) -> Any:
+        """A new, unstarted worker VM of ``cluster`` (dask-cloudprovider's own class)."""
+        return cluster.worker_class(contact, **cluster.worker_options)
+
     # -- lifecycle --------------------------------------------------------------------
     def up(self, *, restart_only: bool = False, timeout: float = 600.0,
            progress: Progress = _quiet) -> dict[str, Any]:
@@ -58,8 +76,7 @@ class CloudProvider(ClusterProvider):
                 client.restart_workers(list(client.scheduler_info(n_workers=-1)["workers"]))
             return state
         if self.state.exists() and self.instances():
-            progress(f"cluster {self.name!r} is already up")
-            return self.state.read()
+            return self._top_up(timeout, progress)
         self.state.write({"name": self.name, "provider": self.kind})
         deadline = time.monotonic() + timeout
         try:
@@ -106,7 +123,9 @@ class CloudProvider(ClusterProvider):
             await cluster._correct_state()
 
         await asyncio.wait_for(start(), timeout)
-        info: dict[str, Any] = {"scheduler_address": cluster.scheduler_address}
+        info: dict[str, Any] = {"scheduler_address": cluster.scheduler_address,
+                                "worker_contact": self.worker_contact(cluster),
+                                "cluster_id": cluster.uuid}
         host = cluster.scheduler_address.split("://")[-1].rsplit(":", 1)[0]
         info["dashboard_url"] = f"http://{host}:8787/status"
         sec = cluster.security
@@ -120,6 +139,68 @@ class CloudProvider(ClusterProvider):
             info["tls"] = files
         # Deliberately not closed: the VMs outlive this command; `down` terminates them.
         return info
+
+    def _top_up(self, timeout: float, progress: Progress) -> dict[str, Any]:
+        """``up`` on a running cluster: add worker VMs up to ``min_workers``, keep the rest."""
+        state = self.state.read()
+        if not self.instances(role="scheduler"):
+            raise ValueError(f"cluster {self.name!r}: its scheduler instance is gone (only "
+                             "workers are left); run `dasktune down` then `dasktune up`")
+        deadline = time.monotonic() + timeout
+        with self.connect():  # the scheduler must answer before anything is added
+            pass
+        n = self.config.min_workers
+        live = len(self.instances(role="worker"))
+        missing = max(0, n - live)
+        progress(f"cluster {self.name!r} is already up at {state['scheduler_address']} with "
+                 f"{live} worker instance(s); " + (f"creating {missing} worker VM(s)"
+                                                   if missing else "nothing to add"))
+        if missing:
+            try:
+                asyncio.run(self._create_workers(missing, timeout))
+            except (TimeoutError, asyncio.TimeoutError):
+                raise TimeoutError(f"cluster {self.name!r}: {missing} worker VM(s) not created "
+                                   f"within {timeout:.0f}s; `up` again retries") from None
+        self.wait_for_workers(n, max(1.0, deadline - time.monotonic()), progress)
+        return state
+
+    async def _create_workers(self, count: int, timeout: float) -> list[Any]:
+        """Create ``count`` worker VMs for the recorded scheduler, as ``up`` would."""
+        state = self.state.read()
+        kwargs = {**self.cluster_kwargs(), "n_workers": 0, "security": self._security(state)}
+        cluster = self.cluster_class()(asynchronous=True, shutdown_on_close=False, **kwargs)
+        try:
+            # Same cluster id as the first `up`: it is in the VM names and tags.
+            cluster.uuid = state.get("cluster_id", cluster.uuid)
+            cluster.prepare_options()
+            contact = state.get("worker_contact") or state["scheduler_address"]
+            vms = [self.worker_vm(cluster, contact) for _ in range(count)]
+            await asyncio.wait_for(asyncio.gather(*(vm.start() for vm in vms)), timeout)
+            return vms
+        finally:
+            cluster.status = cluster.status.closed  # never started: nothing of it to close
+
+    def _security(self, state: dict[str, Any]) -> Security | bool:
+        """The cluster's own TLS credentials, from the files ``up`` wrote (False: plain tcp).
+
+        As PEM text, not paths: dask-cloudprovider puts them in the new VMs' user data.
+        dask's temporary credentials use one certificate and key for every role.
+        """
+        tls = state.get("tls")
+        if not tls:
+            return False
+        from distributed.security import Security
+
+        with open(tls["ca"]) as f:
+            ca = f.read()
+        with open(tls["cert"]) as f:
+            cert = f.read()
+        with open(tls["key"]) as f:
+            key = f.read()
+        return Security(require_encryption=True, tls_ca_file=ca,
+                        tls_client_cert=cert, tls_client_key=key,
+                        tls_scheduler_cert=cert, tls_scheduler_key=key,
+                        tls_worker_cert=cert, tls_worker_key=key)
 
     def down(self, *, progress: Progress = _quiet) -> None:
         ids = self.instances()
@@ -148,6 +229,8 @@ class CloudProvider(ClusterProvider):
 
     def submit(self, script: str, args: Sequence[str], *, detach: bool = False,
                then_down: bool = False) -> tuple[int, str | None]:
+        """Run the driver on the head as a job (log file, exit status file); without
+        ``detach``, print its output as it comes and return its exit status."""
         if not os.path.isfile(script):
             raise ValueError(f"submit: no such script: {script}")
         with open(script, "rb") as f:
@@ -156,21 +239,72 @@ class CloudProvider(ClusterProvider):
             raise ValueError("--stop with --detach is only supported on local clusters")
         argv = [*args, "--address", self.address]
         with self.connect() as client:
-            code, out, job = client.run_on_scheduler(
-                _run_driver, os.path.basename(script), body, argv, detach)
-        if out:
-            print(out, end="")
-        if job:
-            self.state.update(jobs=[*self.state.read().get("jobs", []), job])
-        return code, job
+            job, cmd = client.run_on_scheduler(_start_driver, os.path.basename(script),
+                                               body, argv)
+            if detach:
+                self.state.update(jobs=[*self.state.read().get("jobs", []), job])
+                print(f"started {cmd}")
+                return 0, job
+            return self._follow(client, job, stop_on_interrupt=True), None
 
     def logs(self, job: str | None = None) -> tuple[str, bool]:
+        job = self._job(job)
+        with self.connect() as client:
+            chunk, running, _ = client.run_on_scheduler(_read_job, job, 0, 0.0, None)
+        return chunk.decode(errors="replace"), running
+
+    def follow(self, job: str | None = None) -> int:
+        """Print a detached job's output (the latest by default) until it ends."""
+        job = self._job(job)
+        with self.connect() as client:
+            return self._follow(client, job, stop_on_interrupt=False)
+
+    def _job(self, job: str | None) -> str:
         jobs = self.state.read().get("jobs", [])
         if not jobs:
             raise ValueError(f"cluster {self.name!r} has no detached job")
-        job = job or jobs[-1]
-        with self.connect() as client:
-            return client.run_on_scheduler(_read_job, job)
+        return job or jobs[-1]
+
+    def _follow(self, client: Any, job: str, *, stop_on_interrupt: bool) -> int:
+        """Print the job's output from the head by offset until it ends; its exit status.
+
+        Ctrl-C with ``stop_on_interrupt`` stops the job's process group on the head (a
+        non-detached driver must not outlive its terminal); else it only stops reading.
+        """
+        import codecs
+
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        offset = 0
+        try:
+            while True:
+                # A long poll: the head answers as soon as there is output, or after 1 s.
+                chunk, running, rc = client.run_on_scheduler(_read_job, job, offset, 1.0)
+                offset += len(chunk)
+                print(decoder.decode(chunk, final=not running), end="", flush=True)
+                if not running:
+                    return _exit_status(rc, job)
+        except KeyboardInterrupt:
+            if not stop_on_interrupt:
+                raise
+            stopped = client.run_on_scheduler(_stop_job, job)
+            print(f"\ninterrupted: {'stopped' if stopped else 'could not find'} the driver "
+                  f"({job}) on the head", file=sys.stderr, flush=True)
+            return 130
+        except (OSError, TimeoutError) as e:
+            # The driver may well run on: remember it, so that `logs` can find it.
+            jobs = self.state.read().get("jobs", [])
+            if job not in jobs:
+                self.state.update(jobs=[*jobs, job])
+            raise ValueError(f"lost the scheduler while following {job} ({e}); it may still "
+                             f"run on the head: read it with `dasktune logs ... {job}`") from None
+
+
+def _exit_status(rc: int | None, job: str) -> int:
+    """A shell's view of the recorded status: 128+N for a signal; 1 when none was recorded."""
+    if rc is None:
+        print(f"{job} ended without an exit status (killed?)", file=sys.stderr)
+        return 1
+    return 128 - rc if rc < 0 else rc
 
 
 def _jobs_dir() -> str:
@@ -192,8 +326,8 @@ async def _run_shell(command: str) -> tuple[int, str]:
     return int(proc.returncode or 0), out.decode(errors="replace")
 
 
-# Runs the job and then records its exit status: the scheduler never waits on a detached
-# job, so its process stays an unreaped zombie that a PID check would take for alive.
+# Runs the job and then records its exit status: the scheduler never waits on a job, so
+# its process stays an unreaped zombie that a PID check would take for alive.
 _RECORD_RC = ("import os, subprocess, sys\n"
               "rc = subprocess.call(sys.argv[2:])\n"
               "with open(sys.argv[1] + '.tmp', 'w') as f:\n"
@@ -201,15 +335,11 @@ _RECORD_RC = ("import os, subprocess, sys\n"
               "os.replace(sys.argv[1] + '.tmp', sys.argv[1])\n")
 
 
-async def _run_driver(name: str, body: bytes, argv: list[str],
-                      detach: bool) -> tuple[int, str, str | None]:
-    """On the head: write the script and run it (detached: in its own session, logged).
-
-    A coroutine, as :func:`_run_shell`: the driver connects back to this very scheduler,
-    which must keep serving while it waits for the driver to end.
-    """
+def _start_driver(name: str, body: bytes, argv: list[str]) -> tuple[str, str]:
+    """On the head: write the script and start it in its own session, its output going to
+    the job's log file; (job id, the command line)."""
+    import shlex
     import subprocess
-    import sys
     import uuid
 
     job = f"job-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
@@ -218,13 +348,8 @@ async def _run_driver(name: str, body: bytes, argv: list[str],
     path = os.path.join(folder, name)
     with open(path, "wb") as f:
         f.write(body)
-    cmd = [sys.executable, path, *argv]
-    if not detach:
-        proc = await asyncio.create_subprocess_exec(
-            *cmd, cwd=folder, stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-        out, _ = await proc.communicate()
-        return int(proc.returncode or 0), out.decode(errors="replace"), None
+    # Unbuffered, so that a follower sees each line as the driver prints it.
+    cmd = [sys.executable, "-u", path, *argv]
     log = os.open(os.path.join(folder, "output.log"), os.O_WRONLY | os.O_CREAT, 0o600)
     wrapped = [sys.executable, "-c", _RECORD_RC, os.path.join(folder, "rc"), *cmd]
     proc = subprocess.Popen(wrapped, stdout=log, stderr=subprocess.STDOUT, cwd=folder,
@@ -233,28 +358,100 @@ async def _run_driver(name: str, body: bytes, argv: list[str],
     with open(os.path.join(folder, "pid"), "w") as f:
         # With its start time, so a reused PID is not taken for the job.
         f.write(f"{proc.pid} {_create_time(proc.pid)}")
-    return 0, f"started {shlex.join(cmd)}\n", job
+    return job, shlex.join(cmd)
 
 
-def _read_job(job: str) -> tuple[str, bool]:
-    """On the head: (the job's output so far, whether it still runs)."""
+_READ_LIMIT = 1 << 20  # bytes per answer: a chatty driver is read in several
+
+
+async def _read_job(job: str, offset: int = 0, wait: float = 0.0,
+                    limit: int | None = _READ_LIMIT) -> tuple[bytes, bool, int | None]:
+    """On the head: (the job's output after ``offset``, whether more may come, its exit
+    status once ended). Waits up to ``wait`` seconds for output or the end.
+
+    A coroutine, as :func:`_run_shell`, so waiting does not hold up the scheduler.
+    """
+    folder = os.path.join(_jobs_dir(), job)
+    log = os.path.join(folder, "output.log")
+    deadline = time.monotonic() + wait
+    while True:
+        # The end first, then the output: what a job printed precedes its end.
+        ended, rc = _ended(folder)
+        if ended or os.path.getsize(log) > offset or time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(0.05)
+    with open(log, "rb") as f:
+        f.seek(offset)
+        chunk = f.read(limit if limit is not None else -1)
+    more = limit is not None and len(chunk) == limit
+    return chunk, not ended or more, rc if ended and not more else None
+
+
+def _ended(folder: str) -> tuple[bool, int | None]:
+    """(whether the job in ``folder`` ended, its exit status when it recorded one)."""
+    try:
+        with open(os.path.join(folder, "rc")) as f:
+            return True, int(f.read())
+    except FileNotFoundError:
+        pass
+    # No rc file yet: the wrapper is running, or was killed; a zombie has ended.
+    return _wrapper(folder) is None, None
+
+
+def _wrapper(folder: str) -> Any:
+    """The job's live wrapper process (``psutil.Process``), or None."""
     import psutil
 
-    folder = os.path.join(_jobs_dir(), job)
-    with open(os.path.join(folder, "output.log"), errors="replace") as f:
-        text = f.read()
-    if os.path.exists(os.path.join(folder, "rc")):
-        return text, False
     with open(os.path.join(folder, "pid")) as f:
         pid_s, _, created = f.read().partition(" ")
     try:
-        # No rc file yet: the wrapper is running, or was killed; a zombie has ended.
         proc = psutil.Process(int(pid_s))
-        running = (proc.status() != psutil.STATUS_ZOMBIE
-                   and (not created or abs(proc.create_time() - float(created)) < 1.0))
+        if proc.status() != psutil.STATUS_ZOMBIE and (
+                not created or abs(proc.create_time() - float(created)) < 1.0):
+            return proc
     except psutil.NoSuchProcess:
-        running = False
-    return text, running
+        pass
+    return None
+
+
+async def _stop_job(job: str, grace: float = 5.0) -> bool:
+    """On the head: SIGTERM the job's process group (wrapper and driver), SIGKILL it after
+    ``grace`` seconds; whether it was running."""
+    import signal
+
+    folder = os.path.join(_jobs_dir(), job)
+    proc = _wrapper(folder)
+    if proc is None:
+        return False
+    pgid = proc.pid  # start_new_session made the wrapper its group's leader
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait
+        while _group_alive(pgid) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if not _group_alive(pgid):
+            break
+    return True
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs; reaps the wrapper (our child)."""
+    import psutil
+
+    try:
+        os.waitpid(pgid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return False
 
 
 def _create_time(pid: int) -> float:

@@ -72,14 +72,20 @@ def make_ec2_cluster_class() -> type:
             self.max_price = max_price
             super().__init__(*args, **kwargs)
 
-        async def _start(self) -> None:
+        def prepare_options(self) -> None:
+            """What dasktune adds to the VM options; before any VM is created (``_start``,
+            or a top-up that builds worker VMs from a never-started cluster)."""
             # EC2Cluster decides gpu_instance from `instance_type` only; decide per role.
             for opts in (self.scheduler_options, self.worker_options):
                 itype = opts.get("instance_type") or ""
                 opts["gpu_instance"] = itype.startswith(_GPU_FAMILIES)
-            if self.max_price is not None:
+            if self.max_price is not None and not getattr(self, "_max_price_hooked", False):
                 self.boto_session.register("provide-client-params.ec2.RunInstances",
                                            self._add_max_price)
+                self._max_price_hooked = True
+
+        async def _start(self) -> None:
+            self.prepare_options()
             await super()._start()
 
         def _add_max_price(self, params: dict[str, Any], **kwargs: Any) -> None:
@@ -106,10 +112,14 @@ class AWSProvider(CloudProvider):
     def cluster_class(self) -> type:
         return make_ec2_cluster_class()
 
-    def _ec2(self) -> Any:
+    @functools.cached_property
+    def _session(self) -> Any:
         from aiobotocore.session import get_session
 
-        return get_session().create_client("ec2", region_name=self.config.provider.region)
+        return get_session()  # one per provider: each new one loads the EC2 model again
+
+    def _ec2(self) -> Any:
+        return self._session.create_client("ec2", region_name=self.config.provider.region)
 
     def instances(self, *, role: str | None = None) -> list[str]:
         async def go() -> list[str]:

@@ -83,8 +83,12 @@ def make_gcp_cluster_class() -> type:
             self.head_preemptible = head_preemptible
             super().__init__(*args, **kwargs)
 
-        async def _start(self) -> None:
+        def prepare_options(self) -> None:
+            """What dasktune changes in the VM options; before any VM is created."""
             self.scheduler_options["preemptible"] = self.head_preemptible
+
+        async def _start(self) -> None:
+            self.prepare_options()
             await super()._start()
 
     return DasktuneGCPCluster
@@ -104,6 +108,16 @@ class GCPProvider(CloudProvider):
 
     def cluster_class(self) -> type:
         return make_gcp_cluster_class()
+
+    def worker_contact(self, cluster: Any) -> str:
+        # GCPWorker dials the scheduler's internal IP, not the address this machine used.
+        return f"{cluster.protocol}://{cluster.scheduler_internal_ip}:{cluster.scheduler_port}"
+
+    def worker_vm(self, cluster: Any, contact: str) -> Any:
+        # GCPWorker takes the address it dials from the cluster, not from its argument.
+        host, port = contact.split("://", 1)[-1].rsplit(":", 1)
+        cluster.scheduler_internal_ip, cluster.scheduler_port = host, int(port)
+        return cluster.worker_class(contact, **cluster.worker_options)
 
     def _compute(self) -> Any:
         from dask_cloudprovider.gcp.instances import GCPCompute

@@ -1,8 +1,8 @@
 """Where a running cluster is remembered between commands: one JSON file per cluster.
 
 ``$XDG_CONFIG_HOME/dasktune/clusters/<name>.json`` (mode 0600) plus a private folder
-``<name>/`` for logs and TLS files. It holds addresses and process ids, never a cloud
-credential, so ``status`` or ``down`` work from any new shell.
+``<name>/`` for logs and TLS files. It holds addresses, process ids and a cloud cluster's
+id, never a cloud credential, so ``status`` or ``down`` work from any new shell.
 """
 
 from __future__ import annotations
