@@ -35,7 +35,7 @@ from dasktune.result import SHOULD_CHECKPOINT
 from dasktune.session import StopTrial, TrialSession, TrialSpec, _bind
 from dasktune.trainable import is_class_trainable
 
-_MAX_BATCH = 5000
+_MAX_BATCH = 1000
 _LINGER = 0.002
 # A running trial's driver polls it every poll-wait (0.2 s): silence this long means
 # nobody will collect its reports, so a closing worker need not wait for them.
@@ -152,9 +152,11 @@ class TrialActor:
         with self._cond:
             self._cond.notify_all()
 
-    async def poll(self, ack: int, wait: float = 0.2, attempt: str | None = None
-                   ) -> dict[str, Any]:
-        """Drop reports up to ``ack``; return the next ones (waiting up to ``wait`` s).
+    async def poll(self, ack: int, wait: float = 0.2, attempt: str | None = None,
+                   limit: int | None = None) -> dict[str, Any]:
+        """Drop reports up to ``ack``; return the next ones (waiting up to ``wait`` s),
+        at most ``limit`` of them (0: none, a keep-alive that still reports the end
+        once nothing is left to send).
 
         ``attempt`` (``"<trial_id>:<attempt>"``) fences a late poll of the attempt this
         actor ran before it was reused: its ``ack`` must not drop the new attempt's reports.
@@ -185,7 +187,8 @@ class TrialActor:
         if attempt is not None and attempt != f"{self.spec.trial_id}:{self.spec.attempt}":
             return {"reports": [], "finished": False, "error": None}
         with self._cond:
-            batch = [item for _, item in zip(range(_MAX_BATCH), self._buffer)]
+            n = _MAX_BATCH if limit is None else min(limit, _MAX_BATCH)
+            batch = [item for _, item in zip(range(n), self._buffer)]
             finished = self._finished and len(batch) == len(self._buffer)
             reply = {"reports": batch, "finished": finished,
                      "error": self._error if finished else None}

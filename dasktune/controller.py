@@ -279,7 +279,10 @@ class TuneController:
         try:
             self.save()
         finally:
-            self.callbacks.on_experiment_end(trials=self.trials)
+            try:
+                self.callbacks.on_experiment_end(trials=self.trials)
+            finally:
+                self.storage.drain()  # result files closed on its io thread
             if self._reporter is not None:
                 self._reporter.final(self.trials)
 

@@ -77,6 +77,8 @@ class ExecEvent:
     reports: list[tuple[int, dict[str, Any] | None, str | None]] = field(default_factory=list)
     error: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    # Set (on the client loop) once the driver has taken this event: see _poll_until_finished.
+    taken: asyncio.Event | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -422,6 +424,9 @@ class DaskExecutor:
                 got.append(self._events.get_nowait())
             except queue.Empty:
                 break
+        taken = [e.taken for e in got if e.taken is not None]
+        if taken:  # one wake-up of the client loop for the whole batch
+            self._loop.call_soon_threadsafe(_set_all, taken)
         out: list[ExecEvent] = []
         for event in got:
             if event.kind == UNQUEUED:
@@ -626,17 +631,32 @@ class DaskExecutor:
         tid, attempt = run.spec.trial_id, run.spec.attempt
         ack = 0
         fence = f"{tid}:{attempt}"
+        # Backpressure: the next batch is fetched only once the driver has taken the last
+        # one, so a driver that falls behind holds one batch per trial, never a growing
+        # queue; the reports wait in the actor's bounded buffer and then block the trial.
+        # Meanwhile empty polls keep the actor from taking the driver for dead.
+        taken = asyncio.Event()
+        taken.set()
         while True:
             if tid in self._pending_stop:
                 await self._call_quiet(run, "stop", self._pending_stop.pop(tid))
-            reply = await self._call(run, "poll", ack, self._poll_wait, fence,
+            if not taken.is_set():
+                try:
+                    await asyncio.wait_for(taken.wait(), _KEEPALIVE)
+                except asyncio.TimeoutError:
+                    pass
+            fetch = taken.is_set()
+            reply = await self._call(run, "poll", ack, self._poll_wait if fetch else 0.0,
+                                     fence, None if fetch else 0,
                                      timeout=self._poll_wait + 30.0)
             reports = reply["reports"]
             if reports:
                 ack = reports[-1][0]
             if not reply["finished"]:
                 if reports:
-                    self._events.put(ExecEvent(REPORTS, tid, attempt, reports=reports))
+                    taken.clear()
+                    self._events.put(ExecEvent(REPORTS, tid, attempt, reports=reports,
+                                               taken=taken))
                 continue
             nxt, info = run.next, reply.get("next")
             if nxt is not None and info is not None:
@@ -660,6 +680,16 @@ class DaskExecutor:
                 self._events.put(ExecEvent(UNQUEUED, nxt.spec.trial_id, nxt.spec.attempt))
             await self._call_quiet(run, "poll", ack, 0, fence)  # drop the last batch
             return
+
+
+# How often a trial whose last batch the driver has not taken yet is polled for nothing
+# but its end (well under executor.orphan-timeout).
+_KEEPALIVE = 1.0
+
+
+def _set_all(events: list[asyncio.Event]) -> None:
+    for event in events:
+        event.set()
 
 
 def _waiting_trial(trial_id: str) -> str:

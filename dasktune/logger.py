@@ -17,6 +17,7 @@ import math
 import numbers
 import socket
 import time
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
@@ -132,7 +133,7 @@ class _PerTrialFiles(LoggerCallback):
     def _close_file(self, trial_id: str, fh: AppendFile) -> None:
         """Close ``fh``; if storage is unreachable, keep it for a later flush to close."""
         try:
-            fh.close()
+            fh.close_soon()
         except StorageError as exc:
             logger.warning("%s; the file stays open and is uploaded later", exc)
             self._closing[trial_id] = fh
@@ -155,6 +156,10 @@ class _PerTrialFiles(LoggerCallback):
         for fh in self._files.values():
             fh.flush()
         self._close_pending()
+
+    def log_trial_start(self, trial: Trial) -> None:
+        # Opened now, on the storage's io thread: open by the trial's first result.
+        self._file(trial)
 
     def log_trial_end(self, trial: Trial, failed: bool = False) -> None:
         self._end_file(trial.trial_id)
@@ -181,8 +186,10 @@ class JsonLoggerCallback(_PerTrialFiles):
 
     def __init__(self) -> None:
         super().__init__()
-        # params files storage could not take yet: path -> content, written at a flush
+        # params files storage has not taken yet: path -> content, written at a flush
         self._unwritten: dict[str, bytes] = {}
+        # ... and those being written on the storage's io thread
+        self._writing: dict[str, tuple[bytes, Future[None]]] = {}
         self._last_try = float("-inf")
 
     def log_trial_start(self, trial: Trial) -> None:
@@ -195,10 +202,23 @@ class JsonLoggerCallback(_PerTrialFiles):
             data = None
         if data is not None:
             self._unwritten[f"{trial.path}/{EXPR_PARAM_PICKLE_FILE}"] = data
-        self._write_params(now=True)
+        self._write_params(now=True)  # first: it creates the trial's folder
+        super().log_trial_start(trial)
+
+    def _harvest(self, wait: bool = False) -> None:
+        """Take back the params files whose write failed (to try again later)."""
+        for path, (data, fut) in list(self._writing.items()):
+            if not wait and not fut.done():
+                continue
+            del self._writing[path]
+            exc = fut.exception()
+            if exc is not None:
+                logger.warning("%s; written again later", exc)
+                self._unwritten.setdefault(path, data)
 
     def _write_params(self, now: bool = False) -> None:
         """Write the params files storage has not taken yet (failed ones: once a period)."""
+        self._harvest()
         if not self._unwritten or self.storage is None:
             return
         period = _dask_config.get_seconds("storage.sync-period")
@@ -206,19 +226,23 @@ class JsonLoggerCallback(_PerTrialFiles):
             return
         self._last_try = time.monotonic()
         for path, data in list(self._unwritten.items()):
-            try:
-                self.storage.write_bytes(path, data)
-            except StorageError as exc:
-                logger.warning("%s; written again later", exc)
-                return
+            fut = self.storage.write_bytes_soon(path, data)
             del self._unwritten[path]
+            if fut.done() and fut.exception() is not None:
+                # Unreachable: keep the rest for the next period, not one budget each.
+                self._unwritten[path] = data
+                logger.warning("%s; written again later", fut.exception())
+                return
+            self._writing[path] = (data, fut)
 
     def flush(self) -> None:
         super().flush()
         self._write_params()
 
     def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
+        self._harvest(wait=True)
         self._write_params(now=True)
+        self._harvest(wait=True)
         for path in self._unwritten:
             logger.error("could not write %s: storage unreachable",
                          self.storage.uri_of(path) if self.storage else path)
@@ -268,7 +292,7 @@ class CSVLoggerCallback(_PerTrialFiles):
         if fields is not None:
             return fields, False
         fh = self._file(trial)
-        if fh.tell() > 0:  # continuing a restored trial's file: keep its header
+        if not fh.was_empty:  # continuing a restored trial's file: keep its header
             assert self.storage is not None
             try:
                 head = self.storage.fs.cat_file(f"{trial.path}/{self.filename}", start=0,
@@ -342,10 +366,9 @@ class TBXLoggerCallback(_PerTrialFiles):
             trial.trial_id,
             f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{trial.attempt}",
         )
-        fh = self.storage.open_append(f"{trial.path}/{name}")
-        if fh.tell() == 0:
-            fh.write(_tfevents.tf_record(_tfevents.file_version_event(time.time())))
-        return fh
+        return self.storage.open_append(
+            f"{trial.path}/{name}",
+            header=_tfevents.tf_record(_tfevents.file_version_event(time.time())))
 
     def log_trial_result(self, iteration: int, trial: Trial, result: dict[str, Any]) -> None:
         step = _tb_step(result, iteration)

@@ -35,6 +35,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import fsspec
@@ -425,6 +426,7 @@ class ExperimentStorage:
         self.experiment_path = posixpath.join(self.storage_root, name)
         protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
         self.protocol = protocol
+        self._io: ThreadPoolExecutor | None = None
 
     @classmethod
     def from_experiment_path(cls, path: str, filesystem: Any = None,
@@ -453,6 +455,35 @@ class ExperimentStorage:
     @property
     def is_local(self) -> bool:
         return is_local(self.fs)
+
+    @property
+    def io(self) -> ThreadPoolExecutor:
+        """One thread, in submission order, for the driver's local file creations.
+
+        Creating a file is a metadata operation that costs about a millisecond on a VM
+        disk and more on NFS; a trial creates five (params, results, progress, events),
+        so the driver loop hands them here and goes on taking results.
+        """
+        if self._io is None:
+            self._io = ThreadPoolExecutor(1, thread_name_prefix="dasktune-io")
+        return self._io
+
+    def drain(self) -> None:
+        """Wait until the :attr:`io` thread did everything handed to it so far."""
+        if self._io is not None:
+            self._io.submit(lambda: None).result()
+
+    def write_bytes_soon(self, path: str, data: bytes) -> Future[None]:
+        """:meth:`write_bytes` on the :attr:`io` thread (local stores; elsewhere now)."""
+        if not self.is_local:
+            fut: Future[None] = Future()
+            try:
+                self.write_bytes(path, data)
+                fut.set_result(None)
+            except StorageError as exc:
+                fut.set_exception(exc)
+            return fut
+        return self.io.submit(self.write_bytes, path, data)
 
     def _fresh(self, path: str) -> None:
         """Forget cached listings under ``path``: other processes write there too, and a
@@ -523,8 +554,9 @@ class ExperimentStorage:
                 f"{redact(str(exc))}"
             ) from None
 
-    def open_append(self, path: str) -> AppendFile:
-        return AppendFile(self, path)
+    def open_append(self, path: str, header: bytes = b"") -> AppendFile:
+        """A result file to append to; ``header`` starts it if it is new or empty."""
+        return AppendFile(self, path, header)
 
     # ----------------------------------------------------------- checkpoints
     def commit_checkpoint(self, local_dir: str, trial_path: str, index: int,
@@ -652,7 +684,19 @@ class ExperimentStorage:
 
     # ------------------------------------------------------ pickling to workers
     def __getstate__(self) -> dict[str, Any]:
-        return self.__dict__.copy()
+        state = self.__dict__.copy()
+        state["_io"] = None  # a thread stays with its process
+        return state
+
+
+def _open_for_append(path: str, header: bytes) -> tuple[io.BufferedWriter, int]:
+    """Open a local result file for appending, ``header`` written if it is new; (the
+    file, its size before this open)."""
+    fh = _open_creating(path, "ab")
+    size = fh.tell()
+    if size == 0 and header:
+        fh.write(header)
+    return fh, size
 
 
 def _open_creating(path: str, mode: str) -> Any:
@@ -681,7 +725,7 @@ class AppendFile:
     dropped. A :meth:`close` that cannot upload keeps the file open for a later try.
     """
 
-    def __init__(self, storage: ExperimentStorage, path: str):
+    def __init__(self, storage: ExperimentStorage, path: str, header: bytes = b""):
         self.storage = storage
         self.path = path
         self._period = _dask_config.get_seconds("storage.sync-period")
@@ -690,9 +734,15 @@ class AppendFile:
         self._base_pending = False
         self._has_dir = False
         self.closed = False
+        self._size0 = 0  # the file's size when it was opened
+        self._pending = bytearray()  # lines written before a local open completed
+        self._opening: Future[tuple[Any, int]] | None = None
         if storage.is_local:
-            self._fh: io.BufferedWriter | Any = _open_creating(path, "ab")
+            # Opened (and created) on the storage's io thread: the lines wait in
+            # _pending meanwhile, and reach the file at the first flush after it.
+            self._fh: io.BufferedWriter | Any = None
             self._spool = None
+            self._opening = storage.io.submit(_open_for_append, path, header)
         else:
             self._spool = tempfile.NamedTemporaryFile(prefix="dasktune-", delete=False)
             try:  # continue an existing file (a restored experiment)
@@ -705,6 +755,23 @@ class AppendFile:
                 logger.warning("%s; reading it again before the first upload", exc)
                 self._base_pending = True
             self._fh = self._spool
+            self._size0 = self._spool.tell()
+            if self._size0 == 0 and header and not self._base_pending:
+                self.write(header)
+
+    def _opened(self, wait: bool) -> bool:
+        """Whether the local file is open (``wait``: until it is); its pending lines
+        are then handed to it."""
+        if self._fh is not None:
+            return True
+        assert self._opening is not None
+        if not wait and not self._opening.done():
+            return False
+        self._fh, self._size0 = self._opening.result()
+        if self._pending:
+            self._fh.write(self._pending)
+            self._pending = bytearray()
+        return True
 
     @property
     def dirty(self) -> bool:
@@ -712,11 +779,22 @@ class AppendFile:
         return self._dirty
 
     def write(self, data: bytes) -> None:
-        self._fh.write(data)
+        if self._fh is None:
+            self._pending += data
+        else:
+            self._fh.write(data)
         self._dirty = True
 
     def tell(self) -> int:
+        """The file's size with what was written to it (waits for a local open)."""
+        self._opened(wait=True)
         return self._fh.tell()
+
+    @property
+    def was_empty(self) -> bool:
+        """Whether the file was new or empty when opened (waits for a local open)."""
+        self._opened(wait=True)
+        return self._size0 == 0
 
     def _merge_base(self) -> None:
         """Put the stored file's content before the lines spooled since (see __init__)."""
@@ -752,6 +830,8 @@ class AppendFile:
         """
         if not self._dirty:
             return
+        if not self._opened(wait=force):
+            return  # still opening: the lines go at a later flush
         self._fh.flush()
         if self._spool is None:
             self._dirty = False
@@ -786,15 +866,37 @@ class AppendFile:
         except StorageError as exc:
             if not final:
                 raise
-            self._fh.close()
+            if self._fh is not None:
+                self._fh.close()
             self.closed = True
             logger.error("%s; the results of %s are kept in %s", exc,
                          self.storage.uri_of(self.path), getattr(self._spool, "name", "?"))
             raise
+        self._opened(wait=True)
         self._fh.close()
         self.closed = True
         if self._spool is not None:
             os.unlink(self._spool.name)
+
+    def close_soon(self) -> None:
+        """:meth:`close`; a local file still being opened is closed on the io thread
+        instead, after its open (:meth:`ExperimentStorage.drain` waits for it), so that
+        ending a trial never waits on file creation."""
+        if not self.closed and self._fh is None and self._opening is not None and \
+                not self._opening.done():
+            self.closed = True
+            self.storage.io.submit(self._close_when_open)
+            return
+        self.close()
+
+    def _close_when_open(self) -> None:
+        """On the io thread: write the pending lines and close (see :meth:`close`)."""
+        try:
+            self._opened(wait=True)
+            self._fh.flush()
+            self._fh.close()
+        except Exception as exc:  # noqa: BLE001 - nobody waits on this thread: say it
+            logger.error("could not write %s: %s", self.path, exc)
 
 
 def _json_default(obj: Any) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 
 import pytest
 
@@ -168,3 +169,39 @@ def test_waiting_note_in_messages():
     assert state.experiments()[0]["waiting"] == "waiting for resources: x"
     state.apply(experiment_message("e", {}, status="FINISHED", waiting="stale"))
     assert state.experiments()[0]["waiting"] is None
+
+
+def test_curves_are_thinned_at_the_source_but_keep_what_the_page_needs():
+    """100k reports send a few thousand points (the scheduler's event log keeps the
+    messages), yet every improvement of the best, each trial's last value and a
+    trial's first ``points_per_trial`` values all reach the page."""
+    events = _Events()
+    callback = DashboardCallback(events, {"name": "e", "experiment_id": "e", "metric": "loss",
+                                          "mode": "min"}, flush_interval=3600,
+                                 points_per_trial=100)
+    rng = random.Random(0)
+    trials = [Trial(f"t{i}", {}) for i in range(2)]
+    best, improvements, last = float("inf"), [], {}
+    for i in range(50_000):
+        for trial in trials:
+            loss = rng.random() + 10.0 / (i + 1)
+            result = {"loss": loss, "training_iteration": i + 1, "timestamp": float(i)}
+            callback.on_trial_result(iteration=i, trials=trials, trial=trial, result=result)
+            if loss < best:
+                best = loss
+                improvements.append((trial.trial_id, i + 1))
+            last[trial.trial_id] = i + 1
+    for trial in trials:
+        callback.on_trial_complete(iteration=0, trials=trials, trial=trial)
+    callback.flush()
+    sent = [tuple(p[:2]) for m in events.messages if m["type"] == "results"
+            for p in m["points"]]
+    assert len(sent) < 2 * (100 + 50 * 10 + len(improvements))  # log2(50000/100) < 10
+    assert set(improvements) <= set(sent)
+    assert all((tid, it) in sent for tid, it in last.items())
+    assert all((t.trial_id, i) in sent for t in trials for i in range(1, 101))
+    # The page's best-so-far curve is exact.
+    state = DashboardState()
+    for msg in events.messages:
+        state.apply(msg)
+    assert state.snapshot("e").best_so_far[-1][1] == pytest.approx(best)

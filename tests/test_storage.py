@@ -264,6 +264,41 @@ def test_append_file_keeps_every_line(store):
     assert [json.loads(x)["i"] for x in lines] == [1, 2, 3]
 
 
+def test_local_result_files_are_created_off_the_driver_thread(tmp_path):
+    """Creating a file costs a millisecond on a VM disk and more on NFS: the driver hands
+    it to the storage's io thread and never waits for it to write, flush or close."""
+    store = ExperimentStorage(str(tmp_path / "results"), "exp")
+    held = threading.Event()
+    store.io.submit(held.wait, 30)  # the io thread is busy: nothing is created yet
+    path = store.path("trial_1", "result.json")
+    fh = store.open_append(path, header=b"head\n")
+    fh.write(b"line 1\n")
+    fh.flush()  # not forced: returns at once, the line waits
+    assert fh.dirty and not os.path.exists(path)
+    store.write_bytes_soon(store.path("trial_1", "params.json"), b"{}")
+    fh.write(b"line 2\n")
+    fh.close_soon()  # returns at once too: closed after its open, on the io thread
+    assert fh.closed and not os.path.exists(path)
+    held.set()
+    store.drain()
+    assert open(path, "rb").read() == b"head\nline 1\nline 2\n"
+    assert open(store.path("trial_1", "params.json"), "rb").read() == b"{}"
+
+    again = store.open_append(path, header=b"head\n")  # a restored trial: no second header
+    assert not again.was_empty
+    again.write(b"line 3\n")
+    again.close()  # close() itself waits: the file is whole when it returns
+    assert open(path, "rb").read().splitlines() == [b"head", b"line 1", b"line 2", b"line 3"]
+
+
+def test_storage_with_an_io_thread_still_pickles(tmp_path):
+    store = ExperimentStorage(str(tmp_path / "results"), "exp")
+    store.drain()
+    store.write_bytes_soon(store.path("a"), b"x").result(10)
+    copy_ = cloudpickle.loads(cloudpickle.dumps(store))
+    assert copy_._io is None and copy_.read_bytes(copy_.path("a")) == b"x"
+
+
 class OutageFS:
     """A local folder behind a filesystem (not the local one: the spooled, object-store
     path is taken) that refuses every call while ``down`` is set."""

@@ -50,10 +50,16 @@ class DashboardCallback(Callback):
 
     The dashboard is best-effort: a failed send is logged and dropped, never raised into
     the tuning loop.
+
+    Curves are thinned at the source, so what the scheduler keeps (its event log holds
+    the last 1,000 messages of a topic for late subscribers) grows with the logarithm of
+    the report count, not with it: a trial's first ``points_per_trial`` values are all
+    sent, then every 2nd, every 4th, ... as its count doubles; a value that improves the
+    experiment's best, and a trial's newest value at each flush, are always sent.
     """
 
     def __init__(self, client: Client, experiment_info: dict[str, Any], *,
-                 flush_interval: float = 0.5):
+                 flush_interval: float = 0.5, points_per_trial: int = 500):
         if not callable(getattr(client, "log_event", None)):
             raise TypeError(f"DashboardCallback needs a distributed.Client, got "
                             f"{type(client).__name__}")
@@ -72,6 +78,12 @@ class DashboardCallback(Callback):
         self.metric: str | None = self.info.get("metric")
         self.mode: str | None = self.info.get("mode")
         self.flush_interval = float(flush_interval)
+        if not isinstance(points_per_trial, int) or points_per_trial < 1:
+            raise ValueError(f"points_per_trial must be an int >= 1, got {points_per_trial!r}")
+        self.points_per_trial = points_per_trial
+        # trial id -> [values seen, newest value not sent]; the experiment's best value
+        self._thin: dict[str, list[Any]] = {}
+        self._best: float | None = None
         self._status = RUNNING
         self._end_time: float | None = None
         self._info_dirty = True
@@ -107,8 +119,14 @@ class DashboardCallback(Callback):
                        **info: Any) -> None:
         self._dirty[trial.trial_id] = trial
 
-    on_trial_restore = on_trial_save = on_trial_complete = on_trial_start
-    on_trial_error = on_trial_recover = on_trial_start
+    on_trial_restore = on_trial_save = on_trial_recover = on_trial_start
+
+    def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial,
+                          **info: Any) -> None:
+        self._dirty[trial.trial_id] = trial
+        self._end_curve(trial)
+
+    on_trial_error = on_trial_complete
 
     def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial,
                         result: dict[str, Any], **info: Any) -> None:
@@ -116,10 +134,34 @@ class DashboardCallback(Callback):
         t = result.get("timestamp")
         point = result_point(trial.trial_id, result, self.metric,
                              t if isinstance(t, (int, float)) else time.time())
-        if point is not None:
+        if point is None:
+            return
+        seen = self._thin.get(trial.trial_id)
+        if seen is None:
+            seen = self._thin[trial.trial_id] = [0, None]
+        count = seen[0]
+        seen[0] = count + 1
+        level = count // self.points_per_trial
+        stride = 1 << level.bit_length()  # 1, then 2, 4, 8, ... as the count doubles
+        value = point[2]
+        improves = self.mode is not None and (
+            self._best is None or (value < self._best if self.mode == "min"
+                                   else value > self._best))
+        if improves:
+            self._best = value
+        if count % stride == 0 or improves:
             self._points.append(point)
-            if len(self._points) >= _MAX_BUFFERED_POINTS:
-                self.flush()
+            seen[1] = None
+        else:
+            seen[1] = point
+        if len(self._points) >= _MAX_BUFFERED_POINTS:
+            self.flush()
+
+    def _end_curve(self, trial: Trial) -> None:
+        """A trial ended: its newest value goes out with the next flush."""
+        seen = self._thin.pop(trial.trial_id, None)
+        if seen is not None and seen[1] is not None:
+            self._points.append(seen[1])
 
     def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
         self._status = FINISHED
@@ -143,6 +185,10 @@ class DashboardCallback(Callback):
             records = [trial_record(t, self.metric, self.mode) for t in self._dirty.values()]
             messages.append({"type": TRIALS, "experiment_id": self.experiment_id,
                              "trials": records})
+        for seen in self._thin.values():  # each live curve reaches its newest value
+            if seen[1] is not None:
+                self._points.append(seen[1])
+                seen[1] = None
         if self._points:
             messages.append({"type": RESULTS, "experiment_id": self.experiment_id,
                              "points": self._points})
