@@ -129,6 +129,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workers", default="16,64,128")
     args = ap.parse_args()
+    # A SIGTERM (say, from `timeout`) unwinds like Ctrl-C, so `Cluster.close` still
+    # kills the worker processes this run started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     for n in [int(x) for x in args.workers.split(",") if x]:
         emit(run(n, kill=False))
         emit(run(n, kill=True))
