@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -10,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -144,3 +146,42 @@ def dask_processes(tmp_path) -> Iterator[Callable[..., DaskProcesses]]:
     yield start
     for procs in started:
         procs.kill_all()
+
+
+@pytest.fixture
+def restore_dask_config() -> Iterator[None]:
+    """Undo what a test does to the global dask config (``VMCluster(security=True)``
+    sets TLS options there)."""
+    import copy
+
+    import dask.config
+
+    saved = copy.deepcopy(dask.config.config)
+    yield
+    dask.config.config.clear()
+    dask.config.config.update(saved)
+
+
+@contextlib.contextmanager
+def moto_ec2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, region: str,
+             key_id: str = "testing", secret: str = "testing") -> Iterator[object]:
+    """moto's server on 127.0.0.1 as the EC2 endpoint (through ``AWS_ENDPOINT_URL``) with
+    fake credentials and a private ``XDG_CONFIG_HOME``; yields a boto3 EC2 client."""
+    import boto3
+    from moto import server as moto_server
+
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        url = f"http://{host}:{port}"
+        monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+        monkeypatch.setenv("AWS_ENDPOINT_URL", url)
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", key_id)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+        monkeypatch.setenv("AWS_DEFAULT_REGION", region)
+        for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
+            monkeypatch.delenv(var, raising=False)
+        yield boto3.client("ec2", region_name=region, endpoint_url=url)
+    finally:
+        server.stop()

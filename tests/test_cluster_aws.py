@@ -21,37 +21,15 @@ moto_server = pytest.importorskip("moto.server")
 from dask_cloudprovider.aws import ec2 as cp_ec2  # noqa: E402
 
 from dasktune.cluster import get_provider, parse_cluster_config  # noqa: E402
-from tests.conftest import wait_for  # noqa: E402
+from tests.conftest import moto_ec2, wait_for  # noqa: E402
 
 REGION = "us-west-2"
 
 
 @pytest.fixture
 def moto(monkeypatch, tmp_path):
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    url = f"http://{host}:{port}"
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    monkeypatch.setenv("AWS_ENDPOINT_URL", url)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
-    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(var, raising=False)
-    yield boto3.client("ec2", region_name=REGION, endpoint_url=url)
-    server.stop()
-
-
-@pytest.fixture
-def restore_dask_config():
-    """VMCluster(security=True) sets TLS options in the global dask config: undo it."""
-    import dask.config
-
-    saved = copy.deepcopy(dask.config.config)
-    yield
-    dask.config.config.clear()
-    dask.config.config.update(saved)
+    with moto_ec2(monkeypatch, tmp_path, REGION) as ec2:
+        yield ec2
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ from dask_cloudprovider.aws import ec2 as cp_ec2  # noqa: E402
 
 from dasktune.cli import main  # noqa: E402
 from dasktune.cluster import get_provider, load_cluster_config  # noqa: E402
-from tests.conftest import free_port, wait_for  # noqa: E402
+from tests.conftest import free_port, moto_ec2, wait_for  # noqa: E402
 
 REGION = "us-west-2"
 # Distinctive fake credentials: the test looks for them where they must never be.
@@ -66,30 +66,8 @@ TUNER = textwrap.dedent("""
 
 @pytest.fixture
 def moto(monkeypatch, tmp_path):
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    url = f"http://{host}:{port}"
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    monkeypatch.setenv("AWS_ENDPOINT_URL", url)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY_ID)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
-    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(var, raising=False)
-    yield boto3.client("ec2", region_name=REGION, endpoint_url=url)
-    server.stop()
-
-
-@pytest.fixture
-def restore_dask_config():
-    """VMCluster(security=True) sets TLS options in the global dask config: undo it."""
-    import copy
-
-    saved = copy.deepcopy(dask.config.config)
-    yield
-    dask.config.config.clear()
-    dask.config.config.update(saved)
+    with moto_ec2(monkeypatch, tmp_path, REGION, KEY_ID, SECRET) as ec2:
+        yield ec2
 
 
 @pytest.fixture

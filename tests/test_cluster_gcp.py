@@ -30,15 +30,6 @@ class _NoCompute:
 
 
 @pytest.fixture
-def restore_dask_config():
-    """VMCluster(security=True) sets TLS options in the global dask config: undo it."""
-    saved = copy.deepcopy(dask.config.config)
-    yield
-    dask.config.config.clear()
-    dask.config.config.update(saved)
-
-
-@pytest.fixture
 def bodies(monkeypatch, restore_dask_config):
     """role -> the instance body, from a DasktuneGCPCluster built (not started) in a loop."""
     monkeypatch.setattr(cp_gcp, "GCPCompute", _NoCompute)
