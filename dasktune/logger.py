@@ -226,14 +226,12 @@ class JsonLoggerCallback(_PerTrialFiles):
             return
         self._last_try = time.monotonic()
         for path, data in list(self._unwritten.items()):
-            fut = self.storage.write_bytes_soon(path, data)
             del self._unwritten[path]
-            if fut.done() and fut.exception() is not None:
-                # Unreachable: keep the rest for the next period, not one budget each.
-                self._unwritten[path] = data
-                logger.warning("%s; written again later", fut.exception())
-                return
+            fut = self.storage.write_bytes_soon(path, data)
             self._writing[path] = (data, fut)
+            if fut.done() and fut.exception() is not None:
+                break  # unreachable: the rest waits a period, not one retry budget each
+        self._harvest()
 
     def flush(self) -> None:
         super().flush()

@@ -185,3 +185,19 @@ def moto_ec2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, region: str,
         yield boto3.client("ec2", region_name=region, endpoint_url=url)
     finally:
         server.stop()
+
+
+def aws_spot_cluster(ec2: object, *, workers: int, security: bool) -> dict:
+    """``cluster/aws-spot.yaml`` pointed at moto's image and security group, with
+    ``workers`` workers and TLS (``provider.security``) on or off."""
+    import yaml
+
+    with open("cluster/aws-spot.yaml") as f:
+        data = yaml.safe_load(f)
+    ami = ec2.describe_images()["Images"][0]["ImageId"]  # type: ignore[attr-defined]
+    sg = ec2.describe_security_groups()["SecurityGroups"][0]["GroupId"]  # type: ignore[attr-defined]
+    for node in data["available_node_types"].values():
+        node["node_config"].update(ImageId=ami, SecurityGroupIds=[sg])
+    data["min_workers"] = data["max_workers"] = workers
+    data["provider"]["security"] = security
+    return data

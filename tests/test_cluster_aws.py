@@ -12,7 +12,6 @@ import socket
 
 import dask.config
 import pytest
-import yaml
 
 pytest.importorskip("dask_cloudprovider.aws")
 boto3 = pytest.importorskip("boto3")
@@ -21,7 +20,7 @@ moto_server = pytest.importorskip("moto.server")
 from dask_cloudprovider.aws import ec2 as cp_ec2  # noqa: E402
 
 from dasktune.cluster import get_provider, parse_cluster_config  # noqa: E402
-from tests.conftest import moto_ec2, wait_for  # noqa: E402
+from tests.conftest import aws_spot_cluster, moto_ec2, wait_for  # noqa: E402
 
 REGION = "us-west-2"
 
@@ -63,16 +62,9 @@ def captured(monkeypatch):
     return calls
 
 
-def _cluster_file(ec2, security: bool = False) -> dict:
-    with open("cluster/aws-spot.yaml") as f:
-        data = yaml.safe_load(f)
-    ami = ec2.describe_images()["Images"][0]["ImageId"]
-    sg = ec2.describe_security_groups()["SecurityGroups"][0]["GroupId"]
-    for node in data["available_node_types"].values():
-        node["node_config"].update(ImageId=ami, SecurityGroupIds=[sg])
-    data["min_workers"] = data["max_workers"] = 2
-    data["provider"]["security"] = security  # the stand-in scheduler speaks plain tcp
-    return data
+def _cluster_file(ec2) -> dict:
+    # The stand-in scheduler speaks plain tcp.
+    return aws_spot_cluster(ec2, workers=2, security=False)
 
 
 def _point_vms_at(monkeypatch, port: int | None, on_worker) -> None:

@@ -33,7 +33,7 @@ from dask_cloudprovider.aws import ec2 as cp_ec2  # noqa: E402
 
 from dasktune.cli import main  # noqa: E402
 from dasktune.cluster import get_provider, load_cluster_config  # noqa: E402
-from tests.conftest import free_port, moto_ec2, wait_for  # noqa: E402
+from tests.conftest import aws_spot_cluster, free_port, moto_ec2, wait_for  # noqa: E402
 
 REGION = "us-west-2"
 # Distinctive fake credentials: the test looks for them where they must never be.
@@ -110,15 +110,8 @@ def vms_run_here(monkeypatch, tmp_path):
 
 
 def _cluster_file(ec2, path) -> str:
-    with open("cluster/aws-spot.yaml") as f:
-        data = yaml.safe_load(f)
-    ami = ec2.describe_images()["Images"][0]["ImageId"]
-    sg = ec2.describe_security_groups()["SecurityGroups"][0]["GroupId"]
-    for node in data["available_node_types"].values():
-        node["node_config"].update(ImageId=ami, SecurityGroupIds=[sg])
-    data["min_workers"] = data["max_workers"] = 1
-    data["provider"]["security"] = True  # dask-cloudprovider's default, said out loud
-    path.write_text(yaml.safe_dump(data))
+    # TLS is dask-cloudprovider's default, said out loud.
+    path.write_text(yaml.safe_dump(aws_spot_cluster(ec2, workers=1, security=True)))
     return str(path)
 
 

@@ -126,12 +126,7 @@ def test_top_up_creates_the_same_preemptible_worker_for_the_recorded_scheduler(
     monkeypatch.setattr(_RecordingCompute, "inserted", [])
     provider = get_provider(load_cluster_config("cluster/gcp-preemptible.yaml"), name="t")
     sec = Security.temporary()
-    tls = {}
-    for key, pem in (("ca", sec.tls_ca_file), ("cert", sec.tls_client_cert),
-                     ("key", sec.tls_client_key)):
-        path = provider.state.private_file(f"tls-{key}.pem")
-        path.write_text(pem)
-        tls[key] = str(path)
+    tls = provider.state.write_tls(sec.tls_ca_file, sec.tls_client_cert, sec.tls_client_key)
     provider.state.write({"name": "t", "provider": "gcp", "cluster_id": "c0ffee00",
                           "scheduler_address": "tls://198.51.100.2:8786",
                           "worker_contact": "tls://10.0.0.2:8786", "tls": tls})

@@ -10,6 +10,7 @@ import random
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dasktune.cluster._base import ClusterProvider, Progress, _quiet
@@ -130,13 +131,8 @@ class CloudProvider(ClusterProvider):
         info["dashboard_url"] = f"http://{host}:8787/status"
         sec = cluster.security
         if sec is not None and sec.require_encryption:
-            files = {}
-            for key, pem in (("ca", sec.tls_ca_file), ("cert", sec.tls_client_cert),
-                             ("key", sec.tls_client_key)):
-                path = self.state.private_file(f"tls-{key}.pem")
-                path.write_text(pem)
-                files[key] = str(path)
-            info["tls"] = files
+            info["tls"] = self.state.write_tls(sec.tls_ca_file, sec.tls_client_cert,
+                                               sec.tls_client_key)
         # Deliberately not closed: the VMs outlive this command; `down` terminates them.
         return info
 
@@ -191,12 +187,7 @@ class CloudProvider(ClusterProvider):
             return False
         from distributed.security import Security
 
-        with open(tls["ca"]) as f:
-            ca = f.read()
-        with open(tls["cert"]) as f:
-            cert = f.read()
-        with open(tls["key"]) as f:
-            key = f.read()
+        ca, cert, key = (Path(tls[k]).read_text() for k in ("ca", "cert", "key"))
         return Security(require_encryption=True, tls_ca_file=ca,
                         tls_client_cert=cert, tls_client_key=key,
                         tls_scheduler_cert=cert, tls_scheduler_key=key,

@@ -130,13 +130,8 @@ class LocalProvider(ClusterProvider):
         from distributed.security import Security
 
         sec = Security.temporary()
-        files = {}
-        for key, pem in (("ca", sec.tls_ca_file), ("cert", sec.tls_scheduler_cert),
-                         ("key", sec.tls_scheduler_key)):
-            path = self.state.private_file(f"tls-{key}.pem")
-            path.write_text(pem)
-            files[key] = str(path)
-        return files
+        return self.state.write_tls(sec.tls_ca_file, sec.tls_scheduler_cert,
+                                    sec.tls_scheduler_key)
 
     def up(self, *, restart_only: bool = False, timeout: float = 120.0,
            progress: Progress = _quiet) -> dict[str, Any]:

@@ -90,3 +90,13 @@ class ClusterState:
         os.close(fd)
         os.chmod(path, 0o600)
         return path
+
+    def write_tls(self, ca: str, cert: str, key: str) -> dict[str, str]:
+        """Keep TLS credentials (PEM text) as private files; their paths by role, as the
+        state's ``tls`` entry records them."""
+        files = {}
+        for role, pem in (("ca", ca), ("cert", cert), ("key", key)):
+            path = self.private_file(f"tls-{role}.pem")
+            path.write_text(pem)
+            files[role] = str(path)
+        return files

@@ -17,6 +17,7 @@ from dasktune.dashboard._messages import (
     RUNNING,
     TOPIC,
     TRIALS,
+    better,
     check_metric_mode,
     experiment_message,
     result_point,
@@ -123,7 +124,7 @@ class DashboardCallback(Callback):
 
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial,
                           **info: Any) -> None:
-        self._dirty[trial.trial_id] = trial
+        self.on_trial_start(iteration, trials, trial, **info)
         self._end_curve(trial)
 
     on_trial_error = on_trial_complete
@@ -144,9 +145,7 @@ class DashboardCallback(Callback):
         level = count // self.points_per_trial
         stride = 1 << level.bit_length()  # 1, then 2, 4, 8, ... as the count doubles
         value = point[2]
-        improves = self.mode is not None and (
-            self._best is None or (value < self._best if self.mode == "min"
-                                   else value > self._best))
+        improves = self.mode is not None and better(value, self._best, self.mode)
         if improves:
             self._best = value
         if count % stride == 0 or improves:

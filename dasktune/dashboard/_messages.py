@@ -42,6 +42,13 @@ def check_metric_mode(metric: Any, mode: Any) -> None:
         raise ValueError(f"experiment mode must be 'min', 'max' or None, got {mode!r}")
 
 
+def better(a: float, b: float | None, mode: str | None) -> bool:
+    """Whether value ``a`` beats ``b`` (None: nothing yet) under ``mode``."""
+    if b is None:
+        return True
+    return a > b if mode == "max" else a < b
+
+
 def describe(obj: Any) -> str | None:
     """A short, secret-free name for a searcher or scheduler (object, class or string)."""
     if obj is None:

@@ -23,6 +23,7 @@ from dasktune.dashboard._messages import (
     FINISHED,
     RESULTS,
     TRIALS,
+    better,
 )
 
 _INFO_KEYS = ("name", "storage", "searcher", "scheduler", "metric", "mode", "start_time",
@@ -47,9 +48,7 @@ class ExperimentView:
 
     def better(self, a: float, b: float | None) -> bool:
         """Whether value ``a`` beats ``b`` under the experiment's mode."""
-        if b is None:
-            return True
-        return a > b if self.mode == "max" else a < b
+        return better(a, b, self.mode)
 
     def best_trial_id(self) -> str | None:
         """The trial with the best ``best`` value, if the experiment has a mode."""
