@@ -94,6 +94,7 @@ class _Run:
     next: _Run | None = None  # queued behind this attempt on its actor (loop thread only)
     prev: _Run | None = None  # the attempt this one is queued behind
     enqueued: asyncio.Future[bool] | None = None  # the actor's answer to enqueue
+    cancelled: bool = False  # the executor cancelled its task (released, or worker lost)
 
 
 class DaskExecutor:
@@ -374,8 +375,7 @@ class DaskExecutor:
             used[k] = used.get(k, 0.0) - v
         if run.worker in self._gpus:
             self._gpus[run.worker].release(trial_id)
-        if run.task is not None and not run.task.done():
-            run.task.cancel()
+        _cancel(run)
         future = run.future
         run.future = None
         if future is None:
@@ -402,8 +402,7 @@ class DaskExecutor:
             run = self._runs[tid]
             self._events.put(ExecEvent(LOST, tid, run.spec.attempt,
                                        error=f"worker {addr} was lost"))
-            if run.task is not None:
-                run.task.cancel()
+            _cancel(run)
         self._workers_at = 0.0
         return lost
 
@@ -569,8 +568,10 @@ class DaskExecutor:
             allow_other_workers=False, key=run.key, pure=False,
         )
         try:
-            await asyncio.wait_for(run.future, self._start_timeout)
-            return
+            await asyncio.wait_for(_settled(run.future), self._start_timeout)
+            if run.future.status == "finished":
+                return
+            await run.future  # raises the creation error (an erred future has no value)
         except asyncio.TimeoutError:
             self._events.put(ExecEvent(LOST, tid, attempt, error=(
                 f"actor for trial {tid} was not created on {run.worker} within "
@@ -615,7 +616,15 @@ class DaskExecutor:
                 # The queued attempt runs on this actor now: drive it in this coroutine.
                 run, tid, attempt = nxt, nxt.spec.trial_id, nxt.spec.attempt
         except asyncio.CancelledError:
-            raise
+            if run.cancelled or self._closed:
+                raise
+            # Not ours: something this coroutine awaited was cancelled under it. Without
+            # an event the driver would wait for this attempt for ever.
+            self._events.put(ExecEvent(LOST, tid, attempt, error=(
+                f"the driver's call to {run.worker} was cancelled; restarting the attempt")))
+            if run.next is not None:
+                self._events.put(ExecEvent(UNQUEUED, run.next.spec.trial_id,
+                                           run.next.spec.attempt))
         except Exception as exc:  # noqa: BLE001 - comm errors: the worker (or actor) is gone
             if not self._closed:
                 self._suspect[run.worker] = time.monotonic() + 5.0
@@ -685,6 +694,24 @@ class DaskExecutor:
 # How often a trial whose last batch the driver has not taken yet is polled for nothing
 # but its end (well under executor.orphan-timeout).
 _KEEPALIVE = 1.0
+
+
+async def _settled(future: Future) -> None:
+    """Wait until ``future`` is done, without fetching its value.
+
+    ``await future`` would gather the actor's handle, which we never use, through the
+    client's gather that concurrent awaiters share: cancelling any one of them (a trial
+    released while its actor was being created) cancels that shared gather under all the
+    others. Dask's own ``wait`` waits on the same state.
+    """
+    await future._state.wait()
+
+
+def _cancel(run: _Run) -> None:
+    """Cancel ``run``'s coroutine, marked as the executor's doing (see ``_drive``)."""
+    if run.task is not None and not run.task.done():
+        run.cancelled = True
+        run.task.cancel()
 
 
 def _set_all(events: list[asyncio.Event]) -> None:

@@ -9,6 +9,7 @@ numbers the issue promises against them and against ``result.json``.
 
 from __future__ import annotations
 
+import asyncio
 import glob
 import json
 import os
@@ -528,3 +529,46 @@ def test_retired_worker_with_only_an_idle_actor_leaves(cluster, tmp_path):
     assert executed_by(long_, 1) < 60  # it left while the experiment still ran
     results = join(thread, out)
     assert all(t.status == TERMINATED for t in results._trials)
+
+
+
+# ------------------------------------- 6. a call cancelled under the driver, not by it
+def test_call_cancelled_under_the_driver_restarts_the_attempt(local_client, tmp_path,
+                                                              monkeypatch):
+    """An await inside the executor that raises CancelledError although the executor did
+    not cancel it must end in a restart, not in an attempt the driver waits on for ever.
+
+    Seen with distributed's Client, which shares one gather among concurrent awaits of
+    futures: a lost worker's trial, cancelled while its actor was being fetched, took
+    the other trials' actor creations down with it and fit() hung. The executor no
+    longer fetches actors; this pins the guard behind that, with the cancellation
+    injected at the one await where it was seen (Dask cannot be made to race on cue).
+    """
+    from dasktune import executor
+
+    real = executor._settled
+    hits: list[str] = []
+
+    async def cancelled_once(future):
+        await real(future)
+        if not hits:
+            hits.append(future.key)
+            raise asyncio.CancelledError  # as a shared, cancelled gather raises it
+
+    monkeypatch.setattr(executor, "_settled", cancelled_once)
+    tuner = tune.Tuner(
+        tiny, param_space={"x": tune.grid_search([1, 2, 3, 4])},
+        run_config=tune.RunConfig(name="cancelled", storage_path=str(tmp_path), verbose=0))
+    thread, out = run_in_thread(tuner.fit)
+    results = join(thread, out, timeout=60.0)
+    assert hits, "the injected cancellation never ran"
+    assert results.num_terminated == 4 and not results.errors
+    assert all(r.metrics["training_iteration"] == 3 for r in results)
+    hit = [t for t in results._trials if t.num_restarts]
+    assert len(hit) == 1 and hit[0].num_failures == 0
+
+
+def tiny(config: dict[str, Any]) -> None:
+    for i in range(3):
+        time.sleep(0.01)
+        tune.report({"loss": config["x"] / (i + 1)})
