@@ -163,6 +163,8 @@ class TuneController:
         self._ctx = _Context(self)
         self._action: dict[str, str] = {}
         self._pending_exploit: dict[str, Any] = {}
+        # An exploited trial's next start restores its donor's checkpoint: its metadata.
+        self._restore_meta: dict[str, dict[str, Any]] = {}
         self._iteration = 0
         self._start = time.monotonic()
         self._last_save = 0.0
@@ -195,6 +197,15 @@ class TuneController:
             type(scheduler) is FIFOScheduler and not can_scale and \
             bool(getattr(search_alg, "suggests_ahead", False)) and \
             hasattr(executor, "queue_after")
+        # A scheduler that picks which waiting trial runs next (PBT, HyperBand, median
+        # stopping) must see the population, not only the trials that had a free slot:
+        # with a searcher that suggests ahead, keep up to this many trials PENDING, as
+        # Ray does (TUNE_MAX_PENDING_TRIALS_PG, 16 or more).
+        from dasktune.schedulers import TrialScheduler
+
+        self._max_pending = int(_dask_config.get("controller.max-pending-trials")) if \
+            type(scheduler).choose_trial_to_run is not TrialScheduler.choose_trial_to_run \
+            and bool(getattr(search_alg, "suggests_ahead", False)) else 0
         self._queued: dict[str, str] = {}  # queued trial -> the running trial it waits behind
         self._behind: dict[str, str] = {}  # running trial -> its queued successor
         self._need_next: set[str] = set()  # running trials with no successor queued
@@ -315,6 +326,9 @@ class TuneController:
         started = 0
         if self._stop_all:
             return 0
+        while self._n_waiting[PENDING] < self._max_pending and \
+                not self.search_alg.is_finished() and self._new_trial():
+            pass
         while self._concurrency_ok():
             trial = self._choose_trial_to_run()
             if trial is None:
@@ -498,7 +512,8 @@ class TuneController:
         """The trial's next attempt, as its actor gets it."""
         trial.attempt += 1
         restore = trial.restore_path or trial.checkpoint
-        meta = self._checkpoint_meta(trial, restore)
+        meta = self._restore_meta.pop(trial.trial_id, None) if trial.restore_path else None
+        meta = meta or self._checkpoint_meta(trial, restore)
         spec = TrialSpec(
             trial_id=trial.trial_id,
             trial_name=trial.trial_name,
@@ -759,6 +774,12 @@ class TuneController:
             exploit = self._pending_exploit.pop(tid)
             trial.config = dict(exploit.config)
             trial.restore_path = exploit.checkpoint
+            # A new lineage from the donor's checkpoint: its iterations count on from
+            # there (as in Ray) and are new results, not re-runs of ones logged already.
+            donor = self._by_id.get(getattr(exploit, "donor_trial_id", ""))
+            meta = self._checkpoint_meta(donor or trial, exploit.checkpoint)
+            self._restore_meta[tid] = meta
+            trial.logged_iteration = int(meta["training_iteration"])
             self._set_status(trial, PENDING)
         elif action == _REQUEUE:
             self._end_placement(trial, "moved")

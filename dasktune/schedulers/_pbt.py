@@ -29,6 +29,7 @@ class _TrialState:
     last_perturbation_time: float = 0.0
     last_train_time: float = 0.0
     pending_exploit: Exploit | None = None  # synch mode: applied at the trial's next result
+    yielded_at: int = 0  # when it last gave up its slot (paused or exploited), in decisions
     orig_tag: str = ""  # the experiment tag when added (Ray's policy logs name trials so)
 
 
@@ -55,7 +56,7 @@ class PopulationBasedTraining(TrialScheduler):
     """
 
     _state_attrs = ("_trial_state", "_next_perturbation_sync", "_num_perturbations",
-                    "_perturbations", "_rng_state")
+                    "_perturbations", "_rng_state", "_yields")
 
     def __init__(
         self,
@@ -110,6 +111,7 @@ class PopulationBasedTraining(TrialScheduler):
         self._trial_state: dict[str, _TrialState] = {}
         self._next_perturbation_sync = perturbation_interval
         self._num_perturbations = 0
+        self._yields = 0
         # (time, target, donor, old config, new config, operations), when log_config is set.
         self._perturbations: list[dict[str, Any]] = []
 
@@ -136,6 +138,14 @@ class PopulationBasedTraining(TrialScheduler):
 
     def on_trial_result(self, tune_controller: SchedulerContext, trial: Trial,
                         result: dict[str, Any]) -> str | Exploit:
+        decision = self._decide(tune_controller, trial, result)
+        if decision is not self.CONTINUE:
+            self._yields += 1
+            self._state(trial).yielded_at = self._yields
+        return decision
+
+    def _decide(self, tune_controller: SchedulerContext, trial: Trial,
+                result: dict[str, Any]) -> str | Exploit:
         self._require_metric()
         name = type(self).__name__
         if not self._require_attrs and (self._time_attr not in result
@@ -220,10 +230,14 @@ class PopulationBasedTraining(TrialScheduler):
                                   self._custom_explore_fn, self._rng)
         self._num_perturbations += 1
         mine, theirs = self._state(trial), self._state(donor)
-        # The trial continues from the donor's checkpoint, so it takes over the donor's clock.
+        # The trial continues from the donor's checkpoint, so its clock restarts at that
+        # checkpoint's time. (Ray clones a checkpoint taken at the donor's last
+        # perturbation, so it copies that; the donor's newest checkpoint can be later,
+        # and the clone would then be "due" again one iteration after it restarts.)
+        at = _checkpoint_time(donor, self._time_attr)
         mine.last_score = theirs.last_score
-        mine.last_perturbation_time = theirs.last_perturbation_time
-        mine.last_train_time = theirs.last_train_time
+        mine.last_perturbation_time = theirs.last_perturbation_time if at is None else at
+        mine.last_train_time = theirs.last_train_time if at is None else at
         if self._log_config:
             self._perturbations.append({
                 "time": theirs.last_train_time, "trial_id": trial.trial_id,
@@ -273,7 +287,10 @@ class PopulationBasedTraining(TrialScheduler):
             and (not self._synch or self._state(t).last_train_time < self._next_perturbation_sync
                  or self._state(t).pending_exploit is not None)
         ]
-        candidates.sort(key=lambda t: self._state(t).last_train_time)
+        # Least trained first; among equals (an exploited trial takes its donor's time),
+        # the one that gave up its slot longest ago, so no trial waits for ever.
+        candidates.sort(key=lambda t: (self._state(t).last_train_time,
+                                       self._state(t).yielded_at))
         return candidates[0] if candidates else None
 
     @property
@@ -283,3 +300,14 @@ class PopulationBasedTraining(TrialScheduler):
 
     def debug_string(self) -> str:
         return f"PopulationBasedTraining: {self._num_perturbations} perturbs."
+
+
+def _checkpoint_time(trial: Trial, time_attr: str) -> float | None:
+    """``time_attr`` in the result that ``trial``'s newest checkpoint came with."""
+    for info in reversed(trial.checkpoints):
+        if info.get("path") == trial.checkpoint:
+            if time_attr == "training_iteration":
+                return float(info["iteration"])
+            value = info.get("metrics", {}).get(time_attr)
+            return float(value) if value is not None else None
+    return None
