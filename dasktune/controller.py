@@ -203,9 +203,11 @@ class TuneController:
         # Ray does (TUNE_MAX_PENDING_TRIALS_PG, 16 or more).
         from dasktune.schedulers import TrialScheduler
 
+        self._scheduler_chooses = \
+            type(scheduler).choose_trial_to_run is not TrialScheduler.choose_trial_to_run
         self._max_pending = int(_dask_config.get("controller.max-pending-trials")) if \
-            type(scheduler).choose_trial_to_run is not TrialScheduler.choose_trial_to_run \
-            and bool(getattr(search_alg, "suggests_ahead", False)) else 0
+            self._scheduler_chooses and bool(getattr(search_alg, "suggests_ahead", False)) \
+            else 0
         self._queued: dict[str, str] = {}  # queued trial -> the running trial it waits behind
         self._behind: dict[str, str] = {}  # running trial -> its queued successor
         self._need_next: set[str] = set()  # running trials with no successor queued
@@ -350,9 +352,7 @@ class TuneController:
         return started
 
     def _choose_trial_to_run(self) -> Trial | None:
-        from dasktune.schedulers import TrialScheduler
-
-        if type(self.scheduler).choose_trial_to_run is not TrialScheduler.choose_trial_to_run:
+        if self._scheduler_chooses:
             return self.scheduler.choose_trial_to_run(self._ctx)
         # The base class's choice (the first PENDING trial, else the first PAUSED one)
         # from the index, minus the queued trials (queued only under FIFO).

@@ -620,19 +620,18 @@ class DaskExecutor:
                 raise
             # Not ours: something this coroutine awaited was cancelled under it. Without
             # an event the driver would wait for this attempt for ever.
-            self._events.put(ExecEvent(LOST, tid, attempt, error=(
-                f"the driver's call to {run.worker} was cancelled; restarting the attempt")))
-            if run.next is not None:
-                self._events.put(ExecEvent(UNQUEUED, run.next.spec.trial_id,
-                                           run.next.spec.attempt))
+            self._lost(run, f"the driver's call to {run.worker} was cancelled; "
+                            "restarting the attempt")
         except Exception as exc:  # noqa: BLE001 - comm errors: the worker (or actor) is gone
             if not self._closed:
                 self._suspect[run.worker] = time.monotonic() + 5.0
-                self._events.put(ExecEvent(LOST, tid, attempt,
-                                           error=f"lost contact with {run.worker}: {exc!r}"))
-                if run.next is not None:
-                    self._events.put(ExecEvent(UNQUEUED, run.next.spec.trial_id,
-                                               run.next.spec.attempt))
+                self._lost(run, f"lost contact with {run.worker}: {exc!r}")
+
+    def _lost(self, run: _Run, error: str) -> None:
+        """``run`` is lost, and so is the attempt queued behind it on the same actor."""
+        self._events.put(ExecEvent(LOST, run.spec.trial_id, run.spec.attempt, error=error))
+        if run.next is not None:
+            self._events.put(ExecEvent(UNQUEUED, run.next.spec.trial_id, run.next.spec.attempt))
 
     async def _poll_until_finished(self, run: _Run) -> None:
         """Collect ``run``'s reports until it ends; on the reply that ends it, hand its
