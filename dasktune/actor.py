@@ -11,8 +11,10 @@ buffer only once acknowledged, so a lost poll reply loses nothing. When the buff
 is full, ``tune.report`` waits: memory stays bounded and nothing is dropped.
 
 A driver may queue the next attempt behind the running one (:meth:`TrialActor.enqueue`):
-the poll that reports the end of the running attempt starts the queued one on the
-spot, so a short trial's slot never idles for a round trip through the driver.
+the thread that ran the attempt runs the queued one as soon as the user's code returns,
+so a short trial's slot never idles for a round trip through the driver, nor for a
+wake-up of the worker's event loop and a new thread. The ended attempt's last reports
+wait for the driver's next poll of it, which also learns that the queued one started.
 """
 
 from __future__ import annotations
@@ -60,11 +62,26 @@ class TrialActor:
     """Runs one attempt of a trial; created with ``client.submit(TrialActor, spec, params, actor=True)``."""
 
     def __init__(self, spec: TrialSpec, params: dict[str, Any] | None = None):
+        self._params = params or {}
+        self._cond = threading.Condition()
+        self._kept: Any = None  # a class trainable's instance, kept for reuse_actors
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wakeup: asyncio.Event | None = None
+        self._ended: asyncio.Event | None = None  # set when an attempt's code ends
+        self._where: dict[str, Any] = {}  # what start() returned: pid, host, worker
+        self._last_poll = time.monotonic()
+        # The attempt that ended in the thread that now runs its queued successor,
+        # until a poll has handed its last reports to the driver (see _hand_over).
+        self._prev: _Ended | None = None
+        self._new_attempt(spec)
+
+    def _new_attempt(self, spec: TrialSpec) -> None:
+        """Reset what belongs to one attempt (the buffer, its flags) for ``spec``."""
         if isinstance(spec.trainable, bytes):
             spec.trainable = _load_trainable(spec.trainable)
         self.spec = spec
-        self._params = params or {}
-        self._cond = threading.Condition()
+        self._key = f"{spec.trial_id}:{spec.attempt}"
         self._buffer: deque[tuple[int, dict[str, Any] | None, str | None]] = deque()
         self._seq = 0
         self._acked = 0
@@ -77,15 +94,14 @@ class TrialActor:
         self.fenced_reason: str | None = None
         self._stop_after_checkpoint = threading.Event()
         self._checkpoint_now = threading.Event()  # a driver-side request (Callback)
-        self._kept: Any = None  # a class trainable's instance, kept for reuse_actors
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._wakeup: asyncio.Event | None = None
-        self._ended: asyncio.Event | None = None  # set when the attempt's thread ends
         self._wake_pending = False  # a wake-up is on its way to the poll
-        self._last_poll = time.monotonic()
         self._next: TrialSpec | None = None  # queued behind this attempt (enqueue)
         self._end_reported = False  # a poll has told the driver this attempt ended
+
+    def _is(self, attempt: str | None) -> bool:
+        """Whether a call fenced with ``attempt`` (``"<trial_id>:<attempt>"``) is meant
+        for the attempt running now (None: unfenced, always)."""
+        return attempt is None or attempt == self._key
 
     # ------------------------------------------------------------ actor API
     async def start(self, spec: TrialSpec | None = None) -> dict[str, Any]:
@@ -110,23 +126,29 @@ class TrialActor:
         self._thread.start()
         self._last_poll = time.monotonic()
         self._watchdog = asyncio.ensure_future(self._orphan_watchdog(self._thread))
-        return {"pid": os.getpid(), "host": socket.gethostname(), "worker": worker.address}
+        self._where = {"pid": os.getpid(), "host": socket.gethostname(),
+                       "worker": worker.address}
+        return dict(self._where)
 
-    async def enqueue(self, spec: TrialSpec) -> bool:
-        """Queue ``spec`` to start as soon as the running attempt ends (see the module
-        docs). False, and nothing queued, if the driver already knows it ended, or
-        another attempt is queued: the driver then starts ``spec`` the usual way."""
-        if self._end_reported or self._next is not None or self._thread is None:
-            return False
-        self._next = spec
+    async def enqueue(self, spec: TrialSpec, after: str | None = None) -> bool:
+        """Queue ``spec`` to start as soon as the running attempt (``after``, as in
+        :meth:`poll`) ends (see the module docs). False, and nothing queued, if the
+        driver already knows it ended, another attempt is queued, or ``after`` is not
+        the attempt running: the driver then starts ``spec`` the usual way."""
+        with self._cond:  # the trial's thread reads _next when its attempt ends
+            if self._end_reported or self._next is not None or self._thread is None or \
+                    not self._is(after):
+                return False
+            self._next = spec
         return True
 
     async def unqueue(self, trial_id: str) -> bool:
         """Drop the queued attempt of ``trial_id``; False if it has started (or was
         never queued here)."""
-        if self._next is not None and self._next.trial_id == trial_id:
-            self._next = None
-            return True
+        with self._cond:
+            if self._next is not None and self._next.trial_id == trial_id:
+                self._next = None
+                return True
         return False
 
     async def _orphan_watchdog(self, thread: threading.Thread) -> None:
@@ -144,12 +166,12 @@ class TrialActor:
         collect it, so it must commit no further checkpoint (a restored driver's new
         attempt writes into the same trial folder). Called on the worker's event loop
         by :class:`~dasktune.recovery.FencePlugin` and by the orphan watchdog."""
-        if self.fenced_reason is None:
-            self.fenced_reason = reason
-        self._next = None  # this actor is being dropped: start nothing more on it
-        self._fenced.set()
-        self._stop_now.set()
         with self._cond:
+            if self.fenced_reason is None:
+                self.fenced_reason = reason
+            self._next = None  # this actor is being dropped: start nothing more on it
+            self._fenced.set()
+            self._stop_now.set()
             self._cond.notify_all()
 
     async def poll(self, ack: int, wait: float = 0.2, attempt: str | None = None,
@@ -158,14 +180,16 @@ class TrialActor:
         at most ``limit`` of them (0: none, a keep-alive that still reports the end
         once nothing is left to send).
 
-        ``attempt`` (``"<trial_id>:<attempt>"``) fences a late poll of the attempt this
-        actor ran before it was reused: its ``ack`` must not drop the new attempt's reports.
+        ``attempt`` (``"<trial_id>:<attempt>"``) names the attempt polled: a poll of the
+        attempt that ended before the running one gets that attempt's last reports,
+        and a late poll of an older one gets nothing (its ``ack`` must not drop the new
+        attempt's reports).
         """
         assert self._wakeup is not None
-        if attempt is not None and attempt != f"{self.spec.trial_id}:{self.spec.attempt}":
-            return {"reports": [], "finished": False, "error": None}
         self._last_poll = time.monotonic()
         with self._cond:
+            if not self._is(attempt):
+                return self._poll_ended(attempt, ack, limit)
             self._acked = max(self._acked, ack)
             while self._buffer and self._buffer[0][0] <= ack:
                 self._buffer.popleft()
@@ -177,24 +201,23 @@ class TrialActor:
         if empty and wait > 0:
             try:
                 await asyncio.wait_for(self._wakeup.wait(), wait)
-                if not self.spec.sync_reports and not self._finished:
+                if self._is(attempt) and not self.spec.sync_reports and not self._finished:
                     # Linger a moment so a fast trial's reports travel in batches, but
                     # not past its end: its slot waits for this reply.
                     assert self._ended is not None
                     await asyncio.wait_for(self._ended.wait(), _LINGER)
             except asyncio.TimeoutError:
                 pass
-        if attempt is not None and attempt != f"{self.spec.trial_id}:{self.spec.attempt}":
-            return {"reports": [], "finished": False, "error": None}
         with self._cond:
-            n = _MAX_BATCH if limit is None else min(limit, _MAX_BATCH)
-            batch = [item for _, item in zip(range(n), self._buffer)]
+            if not self._is(attempt):  # it ended and its thread took the queued attempt
+                return self._poll_ended(attempt, ack, limit)
+            batch = _batch(self._buffer, limit)
             finished = self._finished and len(batch) == len(self._buffer)
             reply = {"reports": batch, "finished": finished,
                      "error": self._error if finished else None}
         if finished:
             # The reply carries the attempt's last reports (they need no ack): from here
-            # the actor may take the queued attempt.
+            # the actor may take an attempt queued after the thread ended.
             self._end_reported = True
             if self._next is not None:
                 spec, self._next = self._next, None
@@ -205,6 +228,22 @@ class TrialActor:
                     asyncio.ensure_future(asyncio.to_thread(stale.stop))
                 reply["next"] = self._launch()
         return reply
+
+    def _poll_ended(self, attempt: str | None, ack: int,
+                    limit: int | None) -> dict[str, Any]:
+        """A poll of an attempt that is no longer the running one (under ``_cond``)."""
+        prev = self._prev
+        if prev is None or attempt != prev.key:
+            return {"reports": [], "finished": False, "error": None}
+        while prev.buffer and prev.buffer[0][0] <= ack:
+            prev.buffer.popleft()
+        batch = _batch(prev.buffer, limit)
+        if len(batch) < len(prev.buffer):
+            return {"reports": batch, "finished": False, "error": None}
+        # Its end and its last reports go with the news that the queued attempt runs.
+        self._prev = None
+        return {"reports": batch, "finished": True, "error": prev.error,
+                "next": dict(self._where)}
 
     async def reset(self, spec: TrialSpec) -> None:
         """Take a new attempt (of any trial) once the previous one has ended."""
@@ -232,12 +271,16 @@ class TrialActor:
         if kept is not None:
             await asyncio.to_thread(kept.stop)
 
-    async def stop(self, checkpoint: bool = False) -> None:
+    async def stop(self, checkpoint: bool = False, attempt: str | None = None) -> None:
         """End the attempt: at once, or after its next checkpoint (``checkpoint=True``).
 
         A class trainable saves one at its next step boundary; a function trainable
-        runs on until it reports its next checkpoint.
+        runs on until it reports its next checkpoint. With ``attempt`` (as in
+        :meth:`poll`), only that attempt: one that has ended already has nothing to
+        stop, and the attempt its thread took over must not be stopped for it.
         """
+        if not self._is(attempt):
+            return
         if checkpoint:
             self._stop_after_checkpoint.set()
         else:
@@ -245,10 +288,11 @@ class TrialActor:
         with self._cond:
             self._cond.notify_all()
 
-    async def checkpoint(self) -> None:
+    async def checkpoint(self, attempt: str | None = None) -> None:
         """Save a checkpoint after the step in flight and go on (a class trainable; a
         Callback set ``SHOULD_CHECKPOINT`` in a result the driver saw)."""
-        self._checkpoint_now.set()
+        if self._is(attempt):
+            self._checkpoint_now.set()
 
     async def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -260,7 +304,7 @@ class TrialActor:
         if self._thread is None or time.monotonic() - self._last_poll > _DRIVER_GONE_S:
             return True
         with self._cond:
-            return not self._thread.is_alive() and not self._buffer
+            return not self._thread.is_alive() and not self._buffer and self._prev is None
 
     # ------------------------------------------------------------ runner thread
     def _emit(self, result: dict[str, Any] | None, checkpoint_path: str | None) -> None:
@@ -280,12 +324,17 @@ class TrialActor:
                         not self._stop_after_checkpoint.is_set():
                     self._cond.wait(1.0)
 
-    def _wake(self, ended: bool = False) -> None:
+    def _wake(self, ended: bool = False, reopen: bool = False) -> None:
+        """Wake the poll (from the trial's thread); ``ended``: an attempt ended, and
+        ``reopen``: the next one already runs, so a later poll of it lingers again."""
         if self._loop is not None and self._wakeup is not None:
             try:
                 self._loop.call_soon_threadsafe(self._wakeup.set)
                 if ended and self._ended is not None:
+                    # In order on the loop: the waiting poll is woken before the clear.
                     self._loop.call_soon_threadsafe(self._ended.set)
+                    if reopen:
+                        self._loop.call_soon_threadsafe(self._ended.clear)
             except RuntimeError:  # the worker's loop closed: the worker is going away
                 pass
 
@@ -295,6 +344,42 @@ class TrialActor:
         return had_checkpoint and self._stop_after_checkpoint.is_set()
 
     def _run(self, worker_address: str) -> None:
+        """The thread: run the attempt, then each attempt queued behind it in turn."""
+        while True:
+            self._run_attempt(worker_address)
+            stale, handed_over = self._hand_over()
+            if stale is not None:
+                try:
+                    stale.stop()
+                except Exception:  # noqa: BLE001 - a kept instance's cleanup; the next trial runs
+                    traceback.print_exc()
+            self._wake(ended=True, reopen=handed_over)
+            if not handed_over:
+                return
+
+    def _hand_over(self) -> tuple[Any, bool]:
+        """End the attempt; if one is queued behind it, make it the running one.
+
+        Starting the successor in this thread, the moment its predecessor returns,
+        skips a wake-up of the worker's event loop, a poll and a thread start: most of
+        the handoff of a short trial. The ended attempt's unsent reports move aside
+        (``_prev``) for the driver's next poll of it, which learns the successor's
+        start with them. Returns a kept instance the successor cannot reuse (to stop
+        here) and whether there is a successor.
+        """
+        with self._cond:
+            self._finished = True
+            spec = self._next
+            if spec is None or self._fenced.is_set():
+                return None, False
+            self._prev = _Ended(self._key, self._buffer, self._error)
+            kept, self._kept = self._kept, None
+            self._new_attempt(spec)
+            if kept is not None and spec.reuse_instance and type(kept) is spec.trainable:
+                self._kept, kept = kept, None
+            return kept, True
+
+    def _run_attempt(self, worker_address: str) -> None:
         spec = self.spec
         session = TrialSession(spec, self._emit, self._should_stop, worker_address,
                                fenced=self._fenced.is_set)
@@ -315,9 +400,6 @@ class TrialActor:
         finally:
             _bind(None)
             session.close()
-            with self._cond:
-                self._finished = True
-            self._wake(ended=True)
 
     def _run_function(self, session: TrialSession) -> None:
         config = copy.deepcopy(self.spec.config)
@@ -406,3 +488,19 @@ class TrialActor:
         finally:
             shutil.rmtree(ckpt_dir, ignore_errors=True)
         self._emit(None, path)
+
+
+class _Ended:
+    """An attempt whose thread went on to the next one: what its driver has yet to get."""
+
+    __slots__ = ("key", "buffer", "error")
+
+    def __init__(self, key: str, buffer: deque[tuple[int, dict[str, Any] | None, str | None]],
+                 error: str | None):
+        self.key, self.buffer, self.error = key, buffer, error
+
+
+def _batch(buffer: deque[Any], limit: int | None) -> list[Any]:
+    """The first reports of ``buffer``, at most ``limit`` (and _MAX_BATCH) of them."""
+    n = _MAX_BATCH if limit is None else min(limit, _MAX_BATCH)
+    return [item for _, item in zip(range(n), buffer)]

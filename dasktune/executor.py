@@ -19,9 +19,11 @@ Why queued attempts: a slot whose trial ends idles until the driver has heard of
 started the next trial, a few milliseconds, which is most of the cost of a 0.1 s trial.
 :meth:`DaskExecutor.queue_after` sends the next attempt to the running one's actor ahead
 of time (only when the searcher's suggestions do not depend on results, see the
-controller); the actor starts it the moment it reports the end of the running one. A
-queued attempt is not running: it counts in no resource ledger until it starts, and
-:meth:`~DaskExecutor.unqueue` takes it back.
+controller); the running attempt's thread runs it the moment the user's code returns,
+and the poll that reports the end says it started. A queued attempt is not running: it
+counts in no resource ledger until it starts, and :meth:`~DaskExecutor.unqueue` takes
+it back. Calls to an actor name the attempt they mean (``_fence``), since its thread may
+have gone on to the next.
 
 Why demand tasks: Dask's ``Adaptive`` sizes a cluster from the scheduler's view
 (:meth:`distributed.Scheduler.adaptive_target` counts queued and unrunnable tasks), and
@@ -324,7 +326,8 @@ class DaskExecutor:
         if not run.started:
             self._pending_stop[trial_id] = checkpoint  # applied once the actor starts
             return
-        asyncio.run_coroutine_threadsafe(self._call_quiet(run, "stop", checkpoint), self._loop)
+        asyncio.run_coroutine_threadsafe(
+            self._call_quiet(run, "stop", checkpoint, _fence(run)), self._loop)
 
     def checkpoint(self, trial_id: str) -> None:
         """Ask a running attempt for a checkpoint after its step in flight (class
@@ -332,7 +335,8 @@ class DaskExecutor:
         run = self._runs.get(trial_id)
         if run is None or not run.started:
             return
-        asyncio.run_coroutine_threadsafe(self._call_quiet(run, "checkpoint"), self._loop)
+        asyncio.run_coroutine_threadsafe(
+            self._call_quiet(run, "checkpoint", _fence(run)), self._loop)
 
     def queue_after(self, running_id: str, spec: TrialSpec) -> bool:
         """Queue ``spec`` on the actor of the running trial ``running_id``, to start there
@@ -471,7 +475,7 @@ class DaskExecutor:
             if run.started:
                 try:
                     asyncio.run_coroutine_threadsafe(
-                        self._call_quiet(run, "stop", False), self._loop).result(2)
+                        self._call_quiet(run, "stop", False, _fence(run)), self._loop).result(2)
                 except Exception:  # noqa: BLE001 - best effort on the way out
                     pass
             self.release(tid)
@@ -532,7 +536,7 @@ class DaskExecutor:
         run.enqueued = self._loop.create_future()
         prev.next = run  # before the answer: the reply that starts it may come first
         try:
-            ok = bool(await self._call(prev, "enqueue", run.spec, timeout=10.0))
+            ok = bool(await self._call(prev, "enqueue", run.spec, _fence(prev), timeout=10.0))
         except Exception as exc:  # noqa: BLE001 - the actor or its worker is gone
             logger.debug("enqueue of %s on %s failed: %r", run.spec.trial_id, run.worker, exc)
             ok = False
@@ -638,7 +642,7 @@ class DaskExecutor:
         actor to the attempt queued behind it if the actor started that one."""
         tid, attempt = run.spec.trial_id, run.spec.attempt
         ack = 0
-        fence = f"{tid}:{attempt}"
+        fence = _fence(run)
         # Backpressure: the next batch is fetched only once the driver has taken the last
         # one, so a driver that falls behind holds one batch per trial, never a growing
         # queue; the reports wait in the actor's bounded buffer and then block the trial.
@@ -647,7 +651,7 @@ class DaskExecutor:
         taken.set()
         while True:
             if tid in self._pending_stop:
-                await self._call_quiet(run, "stop", self._pending_stop.pop(tid))
+                await self._call_quiet(run, "stop", self._pending_stop.pop(tid), fence)
             if not taken.is_set():
                 try:
                     await asyncio.wait_for(taken.wait(), _KEEPALIVE)
@@ -704,6 +708,11 @@ async def _settled(future: Future) -> None:
     others. Dask's own ``wait`` waits on the same state.
     """
     await future._state.wait()
+
+
+def _fence(run: _Run) -> str:
+    """How the actor's methods name ``run`` (its thread may have gone on to the next)."""
+    return f"{run.spec.trial_id}:{run.spec.attempt}"
 
 
 def _cancel(run: _Run) -> None:

@@ -19,6 +19,7 @@ import pytest
 import dasktune as tune
 from dasktune.callback import Callback
 from dasktune.trial import RUNNING
+from tests.conftest import wait_for
 
 
 def _mark(config):
@@ -151,3 +152,78 @@ def test_setting_turns_it_off(local_client, storage_path, marks, setting):
         controller.TuneController._queue_successors = real
     assert results.num_terminated == 6
     assert seen.get("called", False) is setting
+
+
+def test_a_queued_attempt_takes_over_its_predecessors_thread(local_client, tmp_path):
+    """On a real worker's actor: the queued attempt starts as the running one returns;
+    the ended attempt's reports still reach its poll, and calls meant for the ended
+    attempt (a late stop, a second enqueue) miss the one that took over its actor."""
+    import cloudpickle
+
+    from dasktune.actor import TrialActor
+    from dasktune.session import TrialSpec
+    from dasktune.storage import ExperimentStorage
+
+    def gated(config):
+        for i in range(config["n"]):
+            tune.report({"i": i})
+        deadline = time.monotonic() + 30
+        while not os.path.exists(config["gate"]) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        tune.report({"i": config["n"]})
+
+    storage = ExperimentStorage(str(tmp_path / "results"), "exp")
+
+    def spec(tid):
+        return TrialSpec(trial_id=tid, trial_name=tid, experiment_name="exp",
+                         config={"n": 3, "gate": str(tmp_path / f"gate-{tid}")},
+                         trainable=cloudpickle.dumps(gated), storage=storage,
+                         trial_path=storage.trial_path(tid))
+
+    worker = sorted(local_client.scheduler_info()["workers"])[0]
+    future = local_client.submit(TrialActor, spec("a"), actor=True, workers=[worker],
+                                 pure=False)
+
+    def call(method, *args):  # as the executor calls actors: one RPC to the worker
+        from distributed.protocol import to_serialize
+
+        async def go():
+            resp = await local_client.rpc(worker).actor_execute(
+                actor=future.key, function=method, args=[to_serialize(a) for a in args],
+                kwargs={})
+            if resp["status"] != "OK":
+                raise resp["exception"]
+            return resp["result"]
+
+        return local_client.sync(go, callback_timeout=30)
+
+    try:
+        future.result(timeout=30)
+        where = call("start")
+        assert call("enqueue", spec("b"), "a:1") is True
+        (tmp_path / "gate-a").touch()
+        # b runs once its first reports show: a's thread went on to it.
+        wait_for(lambda: call("poll", 0, 0.0, "b:1")["reports"],
+                 what="the queued attempt's first report")
+        assert call("enqueue", spec("c"), "a:1") is False
+        call("stop", False, "a:1")  # late: a has ended
+
+        ended = call("poll", 0, 0.2, "a:1")
+        assert [r["i"] for _, r, _ in ended["reports"]] == [0, 1, 2, 3]
+        assert ended["finished"] and ended["error"] is None
+        assert ended["next"]["worker"] == where["worker"]
+
+        (tmp_path / "gate-b").touch()
+        got, ack = [], 0
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            reply = call("poll", ack, 0.2, "b:1")
+            got += [r["i"] for _, r, _ in reply["reports"]]
+            if reply["reports"]:
+                ack = reply["reports"][-1][0]
+            if reply["finished"]:
+                break
+        assert got == [0, 1, 2, 3]  # b ran to its end: the stop for a missed it
+        assert "next" not in reply
+    finally:
+        future.release()
