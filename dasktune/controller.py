@@ -47,6 +47,8 @@ from dasktune.storage import StorageError
 from dasktune.trial import ERROR, PAUSED, PENDING, RUNNING, TERMINATED, Placement, Trial
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     from dasktune.config import CheckpointConfig, FailureConfig, TuneConfig
     from dasktune.executor import DaskExecutor
     from dasktune.schedulers import TrialScheduler
@@ -117,7 +119,7 @@ class TuneController:
         checkpoint_config: CheckpointConfig,
         params: dict[str, Any] | None = None,
         trials: list[Trial] | None = None,
-        save_state: Callable[[TuneController], None] | None = None,
+        save_state: Callable[..., Future[float] | None] | None = None,
         can_scale: bool = False,
         reporter: Any = None,
         path_check: Any = None,
@@ -170,6 +172,8 @@ class TuneController:
         self._last_save = 0.0
         self._save_period = _dask_config.get_seconds("controller.checkpoint-period")
         self._save_gap = _MIN_SAVE_GAP
+        self._save_took = 0.0  # the last save's time: building it, then writing it
+        self._writing: Future[float] | None = None  # the last save's write, if in flight
         self._warned_on_demand = False
         self._unwritten_errors: list[tuple[Trial, str]] = []
         self._errors_tried = 0.0
@@ -290,7 +294,7 @@ class TuneController:
             if trial.status == RUNNING:  # interrupted: resumable on restore
                 self._set_status(trial, PENDING)
         try:
-            self.save()
+            self.save(wait=True)
         finally:
             try:
                 self.callbacks.on_experiment_end(trials=self.trials)
@@ -306,19 +310,46 @@ class TuneController:
         if time.monotonic() - self._last_save >= self._save_gap:
             self.save()
 
-    def save(self) -> None:
+    def save(self, wait: bool = False) -> None:
+        """Save the experiment state; ``wait``: written before this returns (the last
+        save). Otherwise the file is written on the storage's io thread: with 10k
+        trials it takes tens of milliseconds, a pause in which no ended trial's slot
+        gets its successor."""
+        if self._save_state is None:
+            return
+        if not self._saved_write(wait):
+            self._dirty = True  # the last one is still being written: next period
+            return
         start = self._last_save = time.monotonic()
         self._dirty = False
-        if self._save_state is not None:
-            try:
-                self._save_state(self)
-            except StorageError as exc:  # storage outage: keep running, retry next period
-                logger.warning("could not save the experiment state: %s", exc)
-                self._dirty = True
-            # Saving takes at most ~5% of the driver's time (Ray's "auto" checkpoint
-            # period does the same): with 10k trials the state takes a while to write.
-            self._save_gap = min(_MAX_SAVE_GAP, max(_MIN_SAVE_GAP,
-                                                    _SAVE_SHARE * (time.monotonic() - start)))
+        try:
+            self._writing = self._save_state(self, wait=wait)
+        except StorageError as exc:  # storage outage: keep running, retry next period
+            logger.warning("could not save the experiment state: %s", exc)
+            self._dirty = True
+        self._save_took = time.monotonic() - start
+        self._set_save_gap()
+
+    def _saved_write(self, wait: bool) -> bool:
+        """Whether the last state write (on the io thread) is done; its outcome counted."""
+        writing = self._writing
+        if writing is None:
+            return True
+        if not writing.done() and not wait:
+            return False
+        self._writing = None
+        try:
+            self._save_took += writing.result()
+        except StorageError as exc:
+            logger.warning("could not save the experiment state: %s", exc)
+            self._dirty = True
+        self._set_save_gap()
+        return True
+
+    def _set_save_gap(self) -> None:
+        # Saving takes at most ~5% of the time (Ray's "auto" checkpoint period does the
+        # same), counting the write on the io thread: with 10k trials the state is big.
+        self._save_gap = min(_MAX_SAVE_GAP, max(_MIN_SAVE_GAP, _SAVE_SHARE * self._save_took))
 
     # ------------------------------------------------------------- starting
     def _concurrency_ok(self) -> bool:

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import logging
+import operator
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -67,7 +69,14 @@ class StateWriter:
         })
         self.storage.write_bytes(self.storage.path(TUNER_FILE), data)
 
-    def __call__(self, controller: TuneController) -> None:
+    def __call__(self, controller: TuneController, wait: bool = True) -> Future[float] | None:
+        """Write the experiment's state: the searcher's, then the trials'.
+
+        The text is built here, from the driver's objects; with ``wait=False`` the two
+        writes go to the storage's io thread (local stores), so the driver loop does not
+        stall on a file that grows with the trial count, and the returned future gives
+        the write's duration in seconds (or its :class:`StorageError`).
+        """
         tc = self.tune_config
         trials = controller.trials
         counts: dict[str, int] = {}
@@ -102,32 +111,54 @@ class StateWriter:
                     "start a fresh search for the remaining samples", exc)
                 self._warned = True
             searcher_state = None
-        # Searcher first: a state file never points at a searcher state older than itself.
-        if searcher_state is not None:
-            self.storage.write_bytes(self.storage.path(SEARCHER_STATE_FILE), searcher_state)
         head = _dumps(state)
         assert head.endswith('"trials":[]}')
-        text = head[:-2] + ",".join(self._trial_text(t) for t in trials) + "]}"
-        self.storage.write_bytes(self.storage.path(STATE_FILE), text.encode())
+        text = head[:-2] + self._trials_text(trials) + "]}"
 
-    def _trial_text(self, trial: Trial) -> str:
-        """A trial's JSON; a finished trial's is kept while nothing it holds changes (the
-        state is rewritten all through a run: with 10k trials, re-encoding every one
-        each time would take the driver tens of milliseconds per save)."""
-        if not trial.is_finished:
-            return _dumps(trial.to_state())
-        last = trial.placements[-1] if trial.placements else None
-        key = (trial.status, trial.attempt, trial.logged_iteration, len(trial.checkpoints),
-               trial.checkpoint, len(trial.placements), last and last.end, last and last.host,
-               trial.num_failures, trial.num_restarts, trial.error_file, trial.error_msg,
-               trial.stop_reason, trial.restore_path, id(trial.last_result),
-               id(trial.config))
-        cached = self._texts.get(trial.trial_id)
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        text = _dumps(trial.to_state())
-        self._texts[trial.trial_id] = (key, text)
-        return text
+        def write() -> float:
+            start = time.monotonic()
+            # Searcher first: a state file never points at a searcher state older than it.
+            if searcher_state is not None:
+                self.storage.write_bytes(self.storage.path(SEARCHER_STATE_FILE),
+                                         searcher_state)
+            self.storage.write_bytes(self.storage.path(STATE_FILE), text.encode())
+            return time.monotonic() - start
+
+        if wait or not self.storage.is_local:
+            write()
+            return None
+        # The io thread also writes the result files, in order: one queue, one writer.
+        return self.storage.io.submit(write)
+
+    def _trials_text(self, trials: list[Trial]) -> str:
+        """The trials' JSON array items; a finished trial's text is kept while nothing
+        it holds changes (the state is rewritten all through a run: with 10k trials,
+        re-encoding every one each time would take the driver tens of milliseconds per
+        save). One loop with its lookups bound: it runs for every trial at every save."""
+        texts, trial_key, placement_key = self._texts, _TRIAL_KEY, _PLACEMENT_KEY
+        out = []
+        for trial in trials:
+            if trial.status not in _FINISHED:
+                out.append(_dumps(trial.to_state()))
+                continue
+            placements = trial.placements
+            key = (trial_key(trial), len(trial.checkpoints), len(placements),
+                   placement_key(placements[-1]) if placements else None,
+                   id(trial.last_result), id(trial.config))
+            cached = texts.get(trial.trial_id)
+            if cached is None or cached[0] != key:
+                cached = texts[trial.trial_id] = (key, _dumps(trial.to_state()))
+            out.append(cached[1])
+        return ",".join(out)
+
+
+# What a finished trial's saved text depends on (with its lists' lengths and the ids of
+# its result and config, which are replaced, never changed in place).
+_TRIAL_KEY = operator.attrgetter(
+    "status", "attempt", "logged_iteration", "checkpoint", "num_failures", "num_restarts",
+    "error_file", "error_msg", "stop_reason", "restore_path")
+_PLACEMENT_KEY = operator.attrgetter("end", "host", "outcome")
+_FINISHED = frozenset((TERMINATED, ERROR))
 
 
 def _dumps(obj: Any) -> str:
