@@ -10,8 +10,8 @@ which returns every report after the one it acknowledged; a report leaves the
 buffer only once acknowledged, so a lost poll reply loses nothing. When the buffer
 is full, ``tune.report`` waits: memory stays bounded and nothing is dropped.
 
-A driver may queue the next attempt behind the running one (:meth:`TrialActor.enqueue`):
-the thread that ran the attempt runs the queued one as soon as the user's code returns,
+A driver may queue attempts behind the running one (:meth:`TrialActor.enqueue`): the
+thread that ran the attempt runs the next in line as soon as the user's code returns,
 so a short trial's slot never idles for a round trip through the driver, nor for a
 wake-up of the worker's event loop and a new thread. The ended attempt's last reports
 wait for the driver's next poll of it, which also learns that the queued one started.
@@ -71,9 +71,12 @@ class TrialActor:
         self._ended: asyncio.Event | None = None  # set when an attempt's code ends
         self._where: dict[str, Any] = {}  # what start() returned: pid, host, worker
         self._last_poll = time.monotonic()
-        # The attempt that ended in the thread that now runs its queued successor,
-        # until a poll has handed its last reports to the driver (see _hand_over).
-        self._prev: _Ended | None = None
+        # Attempts that ended in the thread that went on to their queued successors,
+        # each until a poll has handed its last reports to the driver (see _hand_over);
+        # several when short trials end faster than the driver polls.
+        self._ended_attempts: dict[str, _Ended] = {}
+        # Attempts queued behind the running one (enqueue), to run in this order.
+        self._next: deque[TrialSpec] = deque()
         self._new_attempt(spec)
 
     def _new_attempt(self, spec: TrialSpec) -> None:
@@ -81,7 +84,7 @@ class TrialActor:
         if isinstance(spec.trainable, bytes):
             spec.trainable = _load_trainable(spec.trainable)
         self.spec = spec
-        self._key = f"{spec.trial_id}:{spec.attempt}"
+        self._key = _key(spec)
         self._buffer: deque[tuple[int, dict[str, Any] | None, str | None]] = deque()
         self._seq = 0
         self._acked = 0
@@ -95,7 +98,6 @@ class TrialActor:
         self._stop_after_checkpoint = threading.Event()
         self._checkpoint_now = threading.Event()  # a driver-side request (Callback)
         self._wake_pending = False  # a wake-up is on its way to the poll
-        self._next: TrialSpec | None = None  # queued behind this attempt (enqueue)
         self._end_reported = False  # a poll has told the driver this attempt ended
 
     def _is(self, attempt: str | None) -> bool:
@@ -131,24 +133,27 @@ class TrialActor:
         return dict(self._where)
 
     async def enqueue(self, spec: TrialSpec, after: str | None = None) -> bool:
-        """Queue ``spec`` to start as soon as the running attempt (``after``, as in
-        :meth:`poll`) ends (see the module docs). False, and nothing queued, if the
-        driver already knows it ended, another attempt is queued, or ``after`` is not
-        the attempt running: the driver then starts ``spec`` the usual way."""
-        with self._cond:  # the trial's thread reads _next when its attempt ends
-            if self._end_reported or self._next is not None or self._thread is None or \
-                    not self._is(after):
+        """Queue ``spec`` to start as soon as ``after`` (an attempt named as in
+        :meth:`poll`: the running one, or the last one queued) ends (see the module
+        docs). False, and nothing queued, if the driver already knows the running one
+        ended or ``after`` is not the last in line: the driver then starts ``spec`` the
+        usual way."""
+        with self._cond:  # the trial's thread takes from _next when its attempt ends
+            last = self._key if not self._next else _key(self._next[-1])
+            if self._end_reported or self._thread is None or \
+                    (after is not None and after != last):
                 return False
-            self._next = spec
+            self._next.append(spec)
         return True
 
     async def unqueue(self, trial_id: str) -> bool:
         """Drop the queued attempt of ``trial_id``; False if it has started (or was
         never queued here)."""
         with self._cond:
-            if self._next is not None and self._next.trial_id == trial_id:
-                self._next = None
-                return True
+            for spec in self._next:
+                if spec.trial_id == trial_id:
+                    self._next.remove(spec)
+                    return True
         return False
 
     async def _orphan_watchdog(self, thread: threading.Thread) -> None:
@@ -169,7 +174,7 @@ class TrialActor:
         with self._cond:
             if self.fenced_reason is None:
                 self.fenced_reason = reason
-            self._next = None  # this actor is being dropped: start nothing more on it
+            self._next.clear()  # this actor is being dropped: start nothing more on it
             self._fenced.set()
             self._stop_now.set()
             self._cond.notify_all()
@@ -219,8 +224,9 @@ class TrialActor:
             # The reply carries the attempt's last reports (they need no ack): from here
             # the actor may take an attempt queued after the thread ended.
             self._end_reported = True
-            if self._next is not None:
-                spec, self._next = self._next, None
+            if self._next:
+                with self._cond:
+                    spec = self._next.popleft()
                 if self._thread is not None:
                     self._thread.join(1.0)  # it is past _finished: only its wake-up is left
                 stale = self._reset_now(spec)
@@ -232,8 +238,8 @@ class TrialActor:
     def _poll_ended(self, attempt: str | None, ack: int,
                     limit: int | None) -> dict[str, Any]:
         """A poll of an attempt that is no longer the running one (under ``_cond``)."""
-        prev = self._prev
-        if prev is None or attempt != prev.key:
+        prev = self._ended_attempts.get(attempt) if attempt is not None else None
+        if prev is None:
             return {"reports": [], "finished": False, "error": None}
         while prev.buffer and prev.buffer[0][0] <= ack:
             prev.buffer.popleft()
@@ -241,7 +247,7 @@ class TrialActor:
         if len(batch) < len(prev.buffer):
             return {"reports": batch, "finished": False, "error": None}
         # Its end and its last reports go with the news that the queued attempt runs.
-        self._prev = None
+        del self._ended_attempts[prev.key]
         return {"reports": batch, "finished": True, "error": prev.error,
                 "next": dict(self._where)}
 
@@ -256,8 +262,10 @@ class TrialActor:
         cannot reuse (for the caller to stop off the event loop), or None."""
         if self._thread is not None and self._thread.is_alive():
             raise RuntimeError("the previous trial of this actor is still running")
-        kept = self._kept
+        kept, queued, ended = self._kept, self._next, self._ended_attempts
         self.__init__(spec, self._params)  # type: ignore[misc]
+        # Those behind the attempt just ended stay in line, those before it unpolled.
+        self._next, self._ended_attempts = queued, ended
         if kept is not None:
             if spec.reuse_instance and type(kept) is self.spec.trainable:
                 self._kept = kept  # offered to the new trial through reset_config
@@ -304,7 +312,8 @@ class TrialActor:
         if self._thread is None or time.monotonic() - self._last_poll > _DRIVER_GONE_S:
             return True
         with self._cond:
-            return not self._thread.is_alive() and not self._buffer and self._prev is None
+            return not self._thread.is_alive() and not self._buffer and \
+                not self._ended_attempts
 
     # ------------------------------------------------------------ runner thread
     def _emit(self, result: dict[str, Any] | None, checkpoint_path: str | None) -> None:
@@ -363,16 +372,16 @@ class TrialActor:
         Starting the successor in this thread, the moment its predecessor returns,
         skips a wake-up of the worker's event loop, a poll and a thread start: most of
         the handoff of a short trial. The ended attempt's unsent reports move aside
-        (``_prev``) for the driver's next poll of it, which learns the successor's
+        (``_ended_attempts``) for the driver's next poll of it, which learns the successor's
         start with them. Returns a kept instance the successor cannot reuse (to stop
         here) and whether there is a successor.
         """
         with self._cond:
             self._finished = True
-            spec = self._next
-            if spec is None or self._fenced.is_set():
+            if not self._next or self._fenced.is_set():
                 return None, False
-            self._prev = _Ended(self._key, self._buffer, self._error)
+            spec = self._next.popleft()
+            self._ended_attempts[self._key] = _Ended(self._key, self._buffer, self._error)
             kept, self._kept = self._kept, None
             self._new_attempt(spec)
             if kept is not None and spec.reuse_instance and type(kept) is spec.trainable:
@@ -498,6 +507,10 @@ class _Ended:
     def __init__(self, key: str, buffer: deque[tuple[int, dict[str, Any] | None, str | None]],
                  error: str | None):
         self.key, self.buffer, self.error = key, buffer, error
+
+
+def _key(spec: TrialSpec) -> str:
+    return f"{spec.trial_id}:{spec.attempt}"
 
 
 def _batch(buffer: deque[Any], limit: int | None) -> list[Any]:

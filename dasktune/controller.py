@@ -212,10 +212,16 @@ class TuneController:
         self._max_pending = int(_dask_config.get("controller.max-pending-trials")) if \
             self._scheduler_chooses and bool(getattr(search_alg, "suggests_ahead", False)) \
             else 0
-        self._queued: dict[str, str] = {}  # queued trial -> the running trial it waits behind
-        self._behind: dict[str, str] = {}  # running trial -> its queued successor
-        self._need_next: set[str] = set()  # running trials with no successor queued
+        # Each running trial may have a line of queued successors on its actor: long
+        # enough to cover controller.queue-ahead of work at the trials' recent run time,
+        # so a driver that pauses that long (a state save, a GC pass) idles no slot.
+        self._queued: dict[str, str] = {}  # queued trial -> the trial it waits behind
+        self._behind: dict[str, str] = {}  # trial -> the queued trial right behind it
+        self._need_next: set[str] = set()  # last in a line that is still short
         self._unqueuing: set[str] = set()
+        self._queue_ahead = _dask_config.get_seconds("controller.queue-ahead")
+        self._max_line = max(1, int(_dask_config.get("controller.max-queued-per-slot")))
+        self._run_time: float | None = None  # recent trials' run time (moving average)
 
     # ------------------------------------------------------------------ loop
     def run(self) -> list[Trial]:
@@ -423,11 +429,12 @@ class TuneController:
 
     # ------------------------------------------------------------- queued successors
     def _queue_successors(self) -> None:
-        """Queue a successor behind every running trial that has none (see __init__)."""
+        """Lengthen every line of queued successors that is short (see __init__)."""
         for tid in list(self._need_next):
             running = self._by_id.get(tid)
-            if running is None or running.status != RUNNING or tid in self._action or \
-                    tid in self._behind:
+            if running is None or tid in self._action or tid in self._behind or \
+                    tid in self._unqueuing or \
+                    (running.status != RUNNING and tid not in self._queued):
                 self._need_next.discard(tid)
                 continue
             trial = self._successor_candidate()
@@ -444,6 +451,31 @@ class TuneController:
             self._behind[tid] = trial.trial_id
             if self._waiting_trial is trial:
                 self._waiting_reason = self._waiting_trial = None
+            self._extend_line(tid)
+
+    def _extend_line(self, tid: str) -> None:
+        """Mark the line of trials queued behind ``tid`` (or behind the trial it waits
+        behind) to be lengthened if it is shorter than the trials' recent run time
+        asks for."""
+        while tid in self._queued:  # to the running trial at its head
+            tid = self._queued[tid]
+        want = 1
+        if self._run_time:
+            want = min(self._max_line, max(1, math.ceil(self._queue_ahead / self._run_time)))
+        n = 0
+        while tid in self._behind and n < want:
+            tid = self._behind[tid]
+            n += 1
+        if n < want and tid not in self._behind:
+            self._need_next.add(tid)
+
+    def _note_run_time(self, trial: Trial) -> None:
+        """A trial ran to its end: its run time moves the average that sizes lines."""
+        p = trial.placements[-1] if trial.placements else None
+        if p is None or p.end is None:
+            return
+        took = max(p.end - p.start, 1e-4)
+        self._run_time = took if self._run_time is None else 0.8 * self._run_time + 0.2 * took
 
     def _successor_candidate(self) -> Trial | None:
         """The trial that waits for a slot if it never ran, else a new one."""
@@ -458,10 +490,10 @@ class TuneController:
         return trial if trial.trial_id not in self._queued else None
 
     def _take_back_queued(self) -> None:
-        """A slot is free but the search has nothing new: take back one queued trial
-        (it then starts here instead of behind a running one)."""
+        """A slot is free but the search has nothing new: take back one queued trial,
+        the last of a line (it then starts here instead of behind a running one)."""
         for tid in self._queued:
-            if tid in self._unqueuing:
+            if tid in self._unqueuing or tid in self._behind:
                 continue
             trial = self._by_id[tid]
             if self.executor.place(trial.resources) is None:
@@ -615,10 +647,19 @@ class TuneController:
                          event.trial_id)
             return
         if event.kind == UNQUEUED:
-            self._unqueuing.discard(trial.trial_id)
-            behind = self._queued.pop(trial.trial_id, None)
-            if behind is not None:
-                self._behind.pop(behind, None)
+            tid = trial.trial_id
+            self._unqueuing.discard(tid)
+            self._need_next.discard(tid)
+            ahead = self._queued.pop(tid, None)
+            after = self._behind.pop(tid, None)
+            if ahead is not None and self._behind.get(ahead) == tid:
+                if after is not None:  # out of the line: the next one closes the gap
+                    self._behind[ahead] = after
+                    self._queued[after] = ahead
+                else:
+                    del self._behind[ahead]
+                if self._queue_next:
+                    self._extend_line(ahead)
             self._dirty = True  # PENDING again, to start in the next free slot
             return
         if event.kind in (FINISHED, LOST, START_FAILED):
@@ -631,7 +672,7 @@ class TuneController:
                 p = trial.placements[-1]
                 p.host = event.info.get("host", p.host)
             if self._queue_next and trial.status == RUNNING:
-                self._need_next.add(trial.trial_id)
+                self._extend_line(trial.trial_id)
             self.callbacks.on_trial_start(iteration=self._iteration, trials=self.trials,
                                           trial=trial)
             if trial.checkpoint and trial.attempt > 1:
@@ -819,6 +860,7 @@ class TuneController:
             self._end_placement(trial, "stopped")
         else:
             self._end_placement(trial, "done")
+            self._note_run_time(trial)
             self._complete(trial, None)
         self._dirty = True
 
@@ -1012,6 +1054,8 @@ class TuneController:
             self._action[tid] = _REQUEUE
             self.executor.stop(tid, checkpoint=True)
             moved.append(tid)
-            if tid in self._behind:  # its successor must not start on this worker
-                self.executor.unqueue(self._behind[tid])
+            queued = tid
+            while queued in self._behind:  # its successors must not start on this worker
+                queued = self._behind[queued]
+                self.executor.unqueue(queued)
         return moved

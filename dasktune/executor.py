@@ -19,8 +19,10 @@ Why queued attempts: a slot whose trial ends idles until the driver has heard of
 started the next trial, a few milliseconds, which is most of the cost of a 0.1 s trial.
 :meth:`DaskExecutor.queue_after` sends the next attempt to the running one's actor ahead
 of time (only when the searcher's suggestions do not depend on results, see the
-controller); the running attempt's thread runs it the moment the user's code returns,
-and the poll that reports the end says it started. A queued attempt is not running: it
+controller), or behind the last one queued there: a line, so that a driver that
+pauses (a large state save, a garbage-collector pass) leaves no slot idle. The running
+attempt's thread runs the next in line the moment the user's code returns, and the
+poll that reports the end says it started. A queued attempt is not running: it
 counts in no resource ledger until it starts, and :meth:`~DaskExecutor.unqueue` takes
 it back. Calls to an actor name the attempt they mean (``_fence``), since its thread may
 have gone on to the next.
@@ -340,12 +342,19 @@ class DaskExecutor:
 
     def queue_after(self, running_id: str, spec: TrialSpec) -> bool:
         """Queue ``spec`` on the actor of the running trial ``running_id``, to start there
-        with the same resources when that attempt ends (see the module docs). Its start
-        arrives as a STARTED event right after the running trial's FINISHED event; if it
-        will not start there, an UNQUEUED event says so. False if it cannot be queued."""
+        with the same resources when that attempt ends (see the module docs); or behind
+        the trial queued there last, when ``running_id`` is that one. Its start arrives
+        as a STARTED event right after its predecessor's FINISHED event; if it will not
+        start there, an UNQUEUED event says so. False if it cannot be queued."""
         prev = self._runs.get(running_id)
+        if prev is None:
+            prev = self._queued.get(running_id)  # a line: behind one that waits itself
+            if prev is None or prev.prev is None:
+                return False
+        elif not prev.started or prev.finished:
+            return False
         # Not for GPU trials: their devices are allocated per start (and they are long).
-        if prev is None or not prev.started or prev.finished or self._closed or \
+        if self._closed or \
                 prev.resources.get("GPU", 0.0) > 0 or \
                 prev.worker in self._retiring or prev.worker in self._gone or \
                 spec.trial_id in self._runs or spec.trial_id in self._queued or \
@@ -558,8 +567,12 @@ class DaskExecutor:
         except Exception:  # noqa: BLE001 - lost with its worker: that path tells it
             return
         if ok:
+            # Out of the line: the one behind it now waits behind its predecessor.
             if prev.next is run:
-                prev.next = None
+                prev.next = run.next
+            if run.next is not None:
+                run.next.prev = prev
+            run.next = None
             self._events.put(ExecEvent(UNQUEUED, run.spec.trial_id, run.spec.attempt))
 
     async def _create(self, run: _Run, params: dict[str, Any]) -> None:
@@ -632,10 +645,15 @@ class DaskExecutor:
                 self._lost(run, f"lost contact with {run.worker}: {exc!r}")
 
     def _lost(self, run: _Run, error: str) -> None:
-        """``run`` is lost, and so is the attempt queued behind it on the same actor."""
+        """``run`` is lost, and so are the attempts queued behind it on the same actor."""
         self._events.put(ExecEvent(LOST, run.spec.trial_id, run.spec.attempt, error=error))
-        if run.next is not None:
-            self._events.put(ExecEvent(UNQUEUED, run.next.spec.trial_id, run.next.spec.attempt))
+        self._unqueued_from(run.next)
+
+    def _unqueued_from(self, run: _Run | None) -> None:
+        """``run`` and every attempt queued behind it will not start: say so."""
+        while run is not None:
+            self._events.put(ExecEvent(UNQUEUED, run.spec.trial_id, run.spec.attempt))
+            run = run.next
 
     async def _poll_until_finished(self, run: _Run) -> None:
         """Collect ``run``'s reports until it ends; on the reply that ends it, hand its
@@ -687,9 +705,9 @@ class DaskExecutor:
                 return  # the actor reset itself for the next attempt: nothing to drop
             if nxt is not None and nxt.enqueued is not None and nxt.enqueued.done() and \
                     nxt.enqueued.result():
-                # Accepted, yet not started (the attempt was fenced): start it anew.
+                # Accepted, yet not started (the attempt was fenced): start them anew.
                 run.next = None
-                self._events.put(ExecEvent(UNQUEUED, nxt.spec.trial_id, nxt.spec.attempt))
+                self._unqueued_from(nxt)
             await self._call_quiet(run, "poll", ack, 0, fence)  # drop the last batch
             return
 

@@ -154,10 +154,11 @@ def test_setting_turns_it_off(local_client, storage_path, marks, setting):
     assert seen.get("called", False) is setting
 
 
-def test_a_queued_attempt_takes_over_its_predecessors_thread(local_client, tmp_path):
-    """On a real worker's actor: the queued attempt starts as the running one returns;
-    the ended attempt's reports still reach its poll, and calls meant for the ended
-    attempt (a late stop, a second enqueue) miss the one that took over its actor."""
+def test_a_line_of_queued_attempts_runs_in_one_thread(local_client, tmp_path):
+    """On a real worker's actor: queued attempts start, in line order, as the one
+    before returns, even when two end before the driver polls either; each ended
+    attempt's reports still reach its own poll, and calls meant for an ended attempt
+    (a late stop, an enqueue behind it) miss the one that took over the actor."""
     import cloudpickle
 
     from dasktune.actor import TrialActor
@@ -197,33 +198,40 @@ def test_a_queued_attempt_takes_over_its_predecessors_thread(local_client, tmp_p
 
         return local_client.sync(go, callback_timeout=30)
 
-    try:
-        future.result(timeout=30)
-        where = call("start")
-        assert call("enqueue", spec("b"), "a:1") is True
-        (tmp_path / "gate-a").touch()
-        # b runs once its first reports show: a's thread went on to it.
-        wait_for(lambda: call("poll", 0, 0.0, "b:1")["reports"],
-                 what="the queued attempt's first report")
-        assert call("enqueue", spec("c"), "a:1") is False
-        call("stop", False, "a:1")  # late: a has ended
-
-        ended = call("poll", 0, 0.2, "a:1")
-        assert [r["i"] for _, r, _ in ended["reports"]] == [0, 1, 2, 3]
-        assert ended["finished"] and ended["error"] is None
-        assert ended["next"]["worker"] == where["worker"]
-
-        (tmp_path / "gate-b").touch()
-        got, ack = [], 0
+    def drain(attempt):
+        got, ack, reply = [], 0, {}
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            reply = call("poll", ack, 0.2, "b:1")
+            reply = call("poll", ack, 0.2, attempt)
             got += [r["i"] for _, r, _ in reply["reports"]]
             if reply["reports"]:
                 ack = reply["reports"][-1][0]
             if reply["finished"]:
                 break
-        assert got == [0, 1, 2, 3]  # b ran to its end: the stop for a missed it
-        assert "next" not in reply
+        return got, reply
+
+    try:
+        future.result(timeout=30)
+        where = call("start")
+        assert call("enqueue", spec("b"), "a:1") is True
+        assert call("enqueue", spec("c"), "a:1") is False  # not the last in line
+        assert call("enqueue", spec("c"), "b:1") is True
+        (tmp_path / "gate-a").touch()
+        (tmp_path / "gate-b").touch()
+        # c runs once its first reports show: a's thread went on to b, then to c.
+        wait_for(lambda: call("poll", 0, 0.0, "c:1")["reports"],
+                 what="the last queued attempt's first report")
+        call("stop", False, "a:1")  # late: a and b have ended
+        call("stop", False, "b:1")
+        for ended in ("a:1", "b:1"):
+            got, reply = drain(ended)
+            assert got == [0, 1, 2, 3]
+            assert reply["error"] is None
+            assert reply["next"]["worker"] == where["worker"]
+
+        (tmp_path / "gate-c").touch()
+        got, reply = drain("c:1")
+        assert got == [0, 1, 2, 3]  # c ran to its end: the stops for a and b missed it
+        assert reply["finished"] and "next" not in reply
     finally:
         future.release()
