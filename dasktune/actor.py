@@ -240,7 +240,9 @@ class TrialActor:
         """A poll of an attempt that is no longer the running one (under ``_cond``)."""
         prev = self._ended_attempts.get(attempt) if attempt is not None else None
         if prev is None:
-            return {"reports": [], "finished": False, "error": None}
+            # Not one this actor holds: a late poll after the driver heard the end (it
+            # wants nothing), or a driver whose bookkeeping lost track (it must not spin).
+            return {"reports": [], "finished": False, "error": None, "gone": True}
         while prev.buffer and prev.buffer[0][0] <= ack:
             prev.buffer.popleft()
         batch = _batch(prev.buffer, limit)

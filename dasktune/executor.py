@@ -679,6 +679,9 @@ class DaskExecutor:
             reply = await self._call(run, "poll", ack, self._poll_wait if fetch else 0.0,
                                      fence, None if fetch else 0,
                                      timeout=self._poll_wait + 30.0)
+            if reply.get("gone"):
+                self._lost(run, f"the actor on {run.worker} no longer holds attempt {fence}")
+                return
             reports = reply["reports"]
             if reports:
                 ack = reports[-1][0]

@@ -221,6 +221,7 @@ def test_a_line_of_queued_attempts_runs_in_one_thread(local_client, tmp_path):
         # c runs once its first reports show: a's thread went on to b, then to c.
         wait_for(lambda: call("poll", 0, 0.0, "c:1")["reports"],
                  what="the last queued attempt's first report")
+        assert call("poll", 0, 0.0, "x:1")["gone"]  # an attempt it never held
         call("stop", False, "a:1")  # late: a and b have ended
         call("stop", False, "b:1")
         for ended in ("a:1", "b:1"):
