@@ -84,7 +84,7 @@ class TrialActor:
         if isinstance(spec.trainable, bytes):
             spec.trainable = _load_trainable(spec.trainable)
         self.spec = spec
-        self._key = _key(spec)
+        self._key = attempt_key(spec)
         self._buffer: deque[tuple[int, dict[str, Any] | None, str | None]] = deque()
         self._seq = 0
         self._acked = 0
@@ -139,7 +139,7 @@ class TrialActor:
         ended or ``after`` is not the last in line: the driver then starts ``spec`` the
         usual way."""
         with self._cond:  # the trial's thread takes from _next when its attempt ends
-            last = self._key if not self._next else _key(self._next[-1])
+            last = self._key if not self._next else attempt_key(self._next[-1])
             if self._end_reported or self._thread is None or \
                     (after is not None and after != last):
                 return False
@@ -196,8 +196,7 @@ class TrialActor:
             if not self._is(attempt):
                 return self._poll_ended(attempt, ack, limit)
             self._acked = max(self._acked, ack)
-            while self._buffer and self._buffer[0][0] <= ack:
-                self._buffer.popleft()
+            _drop_acked(self._buffer, ack)
             self._cond.notify_all()
             empty = not self._buffer and not self._finished
             if empty:
@@ -243,13 +242,12 @@ class TrialActor:
             # Not one this actor holds: a late poll after the driver heard the end (it
             # wants nothing), or a driver whose bookkeeping lost track (it must not spin).
             return {"reports": [], "finished": False, "error": None, "gone": True}
-        while prev.buffer and prev.buffer[0][0] <= ack:
-            prev.buffer.popleft()
+        _drop_acked(prev.buffer, ack)
         batch = _batch(prev.buffer, limit)
         if len(batch) < len(prev.buffer):
             return {"reports": batch, "finished": False, "error": None}
         # Its end and its last reports go with the news that the queued attempt runs.
-        del self._ended_attempts[prev.key]
+        del self._ended_attempts[attempt]
         return {"reports": batch, "finished": True, "error": prev.error,
                 "next": dict(self._where)}
 
@@ -260,20 +258,21 @@ class TrialActor:
             await asyncio.to_thread(stale.stop)
 
     def _reset_now(self, spec: TrialSpec) -> Any:
-        """Become a fresh actor for ``spec``; returns a kept instance the new attempt
-        cannot reuse (for the caller to stop off the event loop), or None."""
+        """Take ``spec`` once the previous attempt's thread has ended (see :meth:`_take`)."""
         if self._thread is not None and self._thread.is_alive():
             raise RuntimeError("the previous trial of this actor is still running")
-        kept, queued, ended = self._kept, self._next, self._ended_attempts
-        self.__init__(spec, self._params)  # type: ignore[misc]
-        # Those behind the attempt just ended stay in line, those before it unpolled.
-        self._next, self._ended_attempts = queued, ended
-        if kept is not None:
-            if spec.reuse_instance and type(kept) is self.spec.trainable:
-                self._kept = kept  # offered to the new trial through reset_config
-                return None
-            return kept
-        return None
+        return self._take(spec)
+
+    def _take(self, spec: TrialSpec) -> Any:
+        """Make ``spec`` the current attempt (the line behind it and the ended attempts
+        not yet polled stay); returns a kept instance the new attempt cannot reuse, for
+        the caller to stop (off the event loop), or None."""
+        kept, self._kept = self._kept, None
+        self._new_attempt(spec)
+        if kept is not None and spec.reuse_instance and type(kept) is spec.trainable:
+            self._kept = kept  # offered to the new trial through reset_config
+            return None
+        return kept
 
     async def close(self) -> None:
         """The actor is being dropped: clean up an instance kept for reuse."""
@@ -382,13 +381,8 @@ class TrialActor:
             self._finished = True
             if not self._next or self._fenced.is_set():
                 return None, False
-            spec = self._next.popleft()
-            self._ended_attempts[self._key] = _Ended(self._key, self._buffer, self._error)
-            kept, self._kept = self._kept, None
-            self._new_attempt(spec)
-            if kept is not None and spec.reuse_instance and type(kept) is spec.trainable:
-                self._kept, kept = kept, None
-            return kept, True
+            self._ended_attempts[self._key] = _Ended(self._buffer, self._error)
+            return self._take(self._next.popleft()), True
 
     def _run_attempt(self, worker_address: str) -> None:
         spec = self.spec
@@ -504,15 +498,22 @@ class TrialActor:
 class _Ended:
     """An attempt whose thread went on to the next one: what its driver has yet to get."""
 
-    __slots__ = ("key", "buffer", "error")
+    __slots__ = ("buffer", "error")
 
-    def __init__(self, key: str, buffer: deque[tuple[int, dict[str, Any] | None, str | None]],
+    def __init__(self, buffer: deque[tuple[int, dict[str, Any] | None, str | None]],
                  error: str | None):
-        self.key, self.buffer, self.error = key, buffer, error
+        self.buffer, self.error = buffer, error
 
 
-def _key(spec: TrialSpec) -> str:
+def attempt_key(spec: TrialSpec) -> str:
+    """How the actor's methods name an attempt (``"<trial_id>:<attempt>"``)."""
     return f"{spec.trial_id}:{spec.attempt}"
+
+
+def _drop_acked(buffer: deque[tuple[int, Any, Any]], ack: int) -> None:
+    """Drop the reports the driver acknowledged (sequence numbers up to ``ack``)."""
+    while buffer and buffer[0][0] <= ack:
+        buffer.popleft()
 
 
 def _batch(buffer: deque[Any], limit: int | None) -> list[Any]:

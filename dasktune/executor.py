@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dasktune import _dask_config
-from dasktune.actor import TrialActor
+from dasktune.actor import TrialActor, attempt_key
 from dasktune.resources import GPUAllocator, format_resources, worker_capacity, worker_devices
 
 if TYPE_CHECKING:
@@ -733,7 +733,7 @@ async def _settled(future: Future) -> None:
 
 def _fence(run: _Run) -> str:
     """How the actor's methods name ``run`` (its thread may have gone on to the next)."""
-    return f"{run.spec.trial_id}:{run.spec.attempt}"
+    return attempt_key(run.spec)
 
 
 def _cancel(run: _Run) -> None:

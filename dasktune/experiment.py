@@ -24,7 +24,7 @@ import cloudpickle
 
 from dasktune.results import ResultGrid, read_result_json
 from dasktune.storage import SEARCHER_STATE_FILE, STATE_FILE, TUNER_FILE, ExperimentStorage
-from dasktune.trial import ERROR, PAUSED, PENDING, RUNNING, TERMINATED, Trial
+from dasktune.trial import ERROR, FINISHED, PAUSED, PENDING, RUNNING, TERMINATED, Trial
 
 if TYPE_CHECKING:
     from dasktune.config import RunConfig, TuneConfig
@@ -138,7 +138,7 @@ class StateWriter:
         texts, trial_key, placement_key = self._texts, _TRIAL_KEY, _PLACEMENT_KEY
         out = []
         for trial in trials:
-            if trial.status not in _FINISHED:
+            if trial.status not in FINISHED:
                 out.append(_dumps(trial.to_state()))
                 continue
             placements = trial.placements
@@ -158,7 +158,6 @@ _TRIAL_KEY = operator.attrgetter(
     "status", "attempt", "logged_iteration", "checkpoint", "num_failures", "num_restarts",
     "error_file", "error_msg", "stop_reason", "restore_path")
 _PLACEMENT_KEY = operator.attrgetter("end", "host", "outcome")
-_FINISHED = frozenset((TERMINATED, ERROR))
 
 
 def _dumps(obj: Any) -> str:

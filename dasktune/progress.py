@@ -108,7 +108,7 @@ class ProgressReporter:
         total = self.total
         if not total:
             return ""
-        done = sum(1 for t in trials if t.status in (TERMINATED, ERROR))
+        done = sum(1 for t in trials if t.is_finished)
         filled = int(width * done / total)
         bar = "#" * filled + "-" * (width - filled)
         elapsed = time.monotonic() - self._start

@@ -26,6 +26,7 @@ RUNNING = "RUNNING"
 PAUSED = "PAUSED"
 TERMINATED = "TERMINATED"
 ERROR = "ERROR"
+FINISHED = frozenset((TERMINATED, ERROR))  # the statuses a trial does not leave by itself
 
 _ALLOWED: dict[str, set[str]] = {
     PENDING: {RUNNING, TERMINATED, ERROR, PAUSED},
@@ -127,12 +128,12 @@ class Trial:
         now = time.time()
         if status == RUNNING and self.start_time is None:
             self.start_time = now
-        if status in (TERMINATED, ERROR):
+        if status in FINISHED:
             self.end_time = now
 
     @property
     def is_finished(self) -> bool:
-        return self.status in (TERMINATED, ERROR)
+        return self.status in FINISHED
 
     # --------------------------------------------------------------- results
     def update_last_result(self, result: dict[str, Any]) -> None:
