@@ -114,6 +114,8 @@ class DaskExecutor:
         self._workers: dict[str, dict[str, Any]] = {}
         self._workers_at = 0.0
         self._poll_wait = _dask_config.get_seconds("executor.poll-wait")
+        self._in_flight = int(_dask_config.get("executor.max-reports-in-flight"))
+        self._polling = 0  # attempts whose reports are being collected
         self._start_timeout = _dask_config.get_seconds("executor.actor-start-timeout")
         self._direct = bool(_dask_config.get("executor.direct-to-workers"))
         self._closed = False
@@ -625,13 +627,17 @@ class DaskExecutor:
                 info = await self._call(run, "start")
             run.started = True
             self._events.put(ExecEvent(STARTED, tid, attempt, info=info))
-            while True:
-                await self._poll_until_finished(run)
-                nxt = run.next
-                if nxt is None or not nxt.started:
-                    return
-                # The queued attempt runs on this actor now: drive it in this coroutine.
-                run, tid, attempt = nxt, nxt.spec.trial_id, nxt.spec.attempt
+            self._polling += 1
+            try:
+                while True:
+                    await self._poll_until_finished(run)
+                    nxt = run.next
+                    if nxt is None or not nxt.started:
+                        return
+                    # The queued attempt runs on this actor now: drive it here.
+                    run, tid, attempt = nxt, nxt.spec.trial_id, nxt.spec.attempt
+            finally:
+                self._polling -= 1
         except asyncio.CancelledError:
             if run.cancelled or self._closed:
                 raise
@@ -655,6 +661,14 @@ class DaskExecutor:
             self._events.put(ExecEvent(UNQUEUED, run.spec.trial_id, run.spec.attempt))
             run = run.next
 
+    def _batch_limit(self) -> int:
+        """The most reports one poll fetches: the trials being polled share the driver's
+        in-flight budget, so its backlog grows with neither the report count nor the
+        number of concurrent trials (a few reports a poll at least, to keep batching)."""
+        # Attempts just started count too: the first polls of a wave of trials must not
+        # each take the whole budget.
+        return max(_MIN_BATCH, self._in_flight // max(1, self._polling, len(self._runs)))
+
     async def _poll_until_finished(self, run: _Run) -> None:
         """Collect ``run``'s reports until it ends; on the reply that ends it, hand its
         actor to the attempt queued behind it if the actor started that one."""
@@ -662,8 +676,9 @@ class DaskExecutor:
         ack = 0
         fence = _fence(run)
         # Backpressure: the next batch is fetched only once the driver has taken the last
-        # one, so a driver that falls behind holds one batch per trial, never a growing
-        # queue; the reports wait in the actor's bounded buffer and then block the trial.
+        # one, so a driver that falls behind holds one batch per trial (of at most its
+        # share of executor.max-reports-in-flight), never a growing queue; the reports
+        # wait in the actor's bounded buffer and then block the trial.
         # Meanwhile empty polls keep the actor from taking the driver for dead.
         taken = asyncio.Event()
         taken.set()
@@ -677,7 +692,7 @@ class DaskExecutor:
                     pass
             fetch = taken.is_set()
             reply = await self._call(run, "poll", ack, self._poll_wait if fetch else 0.0,
-                                     fence, None if fetch else 0,
+                                     fence, self._batch_limit() if fetch else 0,
                                      timeout=self._poll_wait + 30.0)
             if reply.get("gone"):
                 self._lost(run, f"the actor on {run.worker} no longer holds attempt {fence}")
@@ -714,6 +729,9 @@ class DaskExecutor:
             await self._call_quiet(run, "poll", ack, 0, fence)  # drop the last batch
             return
 
+
+# The fewest reports one poll fetches, however many trials share the in-flight budget.
+_MIN_BATCH = 16
 
 # How often a trial whose last batch the driver has not taken yet is polled for nothing
 # but its end (well under executor.orphan-timeout).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 import random
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from dasktune.controller import TuneController
 from dasktune.dashboard._callback import DashboardCallback
 from dasktune.dashboard._messages import experiment_message, result_point, trial_record
+from dasktune.dashboard._plugin import DasktuneDashboardPlugin
 from dasktune.dashboard._redact import is_secret_key, jsonable, strip_uri
 from dasktune.dashboard._state import DashboardState
 from dasktune.trial import Placement, Trial
@@ -205,3 +207,35 @@ def test_curves_are_thinned_at_the_source_but_keep_what_the_page_needs():
     for msg in events.messages:
         state.apply(msg)
     assert state.snapshot("e").best_so_far[-1][1] == pytest.approx(best)
+
+
+def test_state_bounds_the_points_of_a_whole_experiment():
+    """Many short trials: each curve is under its own cap, yet the experiment's points
+    stay bounded (curves thinned together, each keeping its first and newest point)."""
+    state = DashboardState(max_points=100, max_experiment_points=1000)
+    state.apply({"type": "experiment", "experiment_id": "e", "mode": "min",
+                 "status": "RUNNING"})
+    for trial in range(100):
+        state.apply({"type": "results", "experiment_id": "e",
+                     "points": [[f"t{trial}", i, 1.0 / i, float(i)] for i in range(1, 51)]})
+    view = state.snapshot("e")
+    assert len(view.points) == 100
+    assert sum(map(len, view.points.values())) <= 1000
+    assert all(c[0][0] == 1 and c[-1][0] == 50 for c in view.points.values())
+    lengths = [len(c) for c in view.points.values()]
+    assert min(lengths) >= 4, lengths  # the first trials' curves are not thinned away
+    # More trials than the cap allows two points each: the store then grows with the
+    # trials only (at most four points a trial on average), not with their reports.
+    for trial in range(100, 2000):
+        state.apply({"type": "results", "experiment_id": "e",
+                     "points": [[f"t{trial}", i, 1.0, float(i)] for i in (1, 2, 3)]})
+    counts = [len(c) for c in state.snapshot("e").points.values()]
+    assert len(counts) == 2000 and max(counts) <= 3 and sum(counts) <= 2 * 2 * 2000
+
+
+def test_plugin_settings_travel_to_the_scheduler():
+    plugin = DasktuneDashboardPlugin(max_points=50, max_experiment_points=500)
+    clone = pickle.loads(pickle.dumps(plugin))
+    assert (clone.max_points, clone.max_experiment_points) == (50, 500)
+    with pytest.raises(ValueError, match="max_experiment_points"):
+        DasktuneDashboardPlugin(max_points=50, max_experiment_points=10)

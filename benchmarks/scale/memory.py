@@ -1,13 +1,14 @@
-"""Driver memory against the number of reports: 1k / 10k / 100k.
+"""Driver memory against the number of reports: 1k / 10k / 100k / 1M.
 
 Each size runs in a fresh process; a sampler thread records the driver's peak RSS
-during ``fit()``. ``real``: 10 trials on the embedded cluster, loggers on (results
-stream to storage). ``sim``: 100 trials on the simulated executor, loggers on. The
-figure is the growth of peak RSS over the RSS before ``fit()``: it should not grow with
-the number of reports (what the driver keeps is per trial).
+during ``fit()``. ``real``: 10 and 100 concurrent trials on the embedded cluster, loggers
+on (results stream to storage). ``sim``: 100 trials on the simulated executor, loggers
+on. The figure is the growth of peak RSS over the RSS before ``fit()``: once the driver's
+report pipeline is full (``executor.max-reports-in-flight``) it should grow with neither
+the number of reports nor the number of trials.
 
-    python benchmarks/scale/memory.py            # real and sim, 1k/10k/100k
-    python benchmarks/scale/memory.py --quick    # 1k/10k/100k sim, 1k/10k real
+    python benchmarks/scale/memory.py            # sim 1k-100k, real 1k-1M at 10 and 100 trials
+    python benchmarks/scale/memory.py --quick    # sim 1k-100k, real 1k-100k at 10 trials
 """
 
 from __future__ import annotations
@@ -50,11 +51,10 @@ class Peak:
         return max(self.peak, rss_mb())
 
 
-def child(kind: str, reports: int) -> None:
+def child(kind: str, reports: int, trials: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         rc = tune.RunConfig(name="mem", storage_path=tmp, verbose=0)
         if kind == "real":
-            trials = 10
             tune.init(num_cpus=2)
             tc = tune.TuneConfig(num_samples=trials, max_concurrent_trials=trials)
             tuner = tune.Tuner(tune.with_resources(chatty, {"cpu": 0.01}),
@@ -71,7 +71,6 @@ def child(kind: str, reports: int) -> None:
         else:
             from dasktune.simulator import SimulatedExecutor, run_simulated
 
-            trials = 100
             ex = SimulatedExecutor(trials, trial_model=lambda c, t: LazySteps(reports // trials,
                                                                               1.0))
             run_simulated("warm", {"x": 1}, tune.TuneConfig(num_samples=2), rc,
@@ -89,22 +88,23 @@ def child(kind: str, reports: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--child", nargs=2)
+    ap.add_argument("--child", nargs=3)
     ap.add_argument("--only", choices=("sim", "real"))
     args = ap.parse_args()
     if args.child:
-        child(args.child[0], int(args.child[1]))
+        child(args.child[0], int(args.child[1]), int(args.child[2]))
         return
-    real_sizes = (1000, 10000) if args.quick else (1000, 10000, 100000)
-    plan = [("sim", n) for n in (1000, 10000, 100000)] + [("real", n) for n in real_sizes]
-    plan = [(k, n) for k, n in plan if args.only in (None, k)]
-    for kind, n in plan:
+    real_sizes = (1000, 10000, 100000) if args.quick else (1000, 10000, 100000, 1000000)
+    plan = [("sim", n, 100) for n in (1000, 10000, 100000)]
+    plan += [("real", n, t) for t in ((10,) if args.quick else (10, 100)) for n in real_sizes]
+    plan = [(k, n, t) for k, n, t in plan if args.only in (None, k)]
+    for kind, n, trials in plan:
         t = time.perf_counter()
-        out = subprocess.run([sys.executable, __file__, "--child", kind, str(n)],
+        out = subprocess.run([sys.executable, __file__, "--child", kind, str(n), str(trials)],
                              capture_output=True, text=True, timeout=1200)
         if out.returncode:
             print(out.stderr[-3000:], file=sys.stderr)
-            raise SystemExit(f"{kind} {n} failed")
+            raise SystemExit(f"{kind} {n} x {trials} failed")
         row = json.loads(out.stdout.strip().splitlines()[-1])
         row["wall_s"] = time.perf_counter() - t
         emit(row)

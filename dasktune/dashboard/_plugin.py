@@ -33,16 +33,21 @@ class DasktuneDashboardPlugin(SchedulerPlugin):
 
     Registering it twice is a no-op (``idempotent``), so every Tuner on a cluster can
     register it and all their experiments appear on the one page. State lives on the
-    scheduler, bounded by ``max_points`` per trial and ``max_experiments``.
+    scheduler, bounded by ``max_points`` per trial, ``max_experiment_points`` per
+    experiment and ``max_experiments`` (see :class:`DashboardState`).
     """
 
     name = PLUGIN_NAME
     idempotent = True
 
-    def __init__(self, *, max_points: int = 2000, max_experiments: int = 50):
-        DashboardState(max_points=max_points, max_experiments=max_experiments)  # validate
+    def __init__(self, *, max_points: int = 2000, max_experiments: int = 50,
+                 max_experiment_points: int = 200_000):
+        self._settings = {"max_points": max_points, "max_experiments": max_experiments,
+                          "max_experiment_points": max_experiment_points}
+        DashboardState(**self._settings)  # validate
         self.max_points = max_points
         self.max_experiments = max_experiments
+        self.max_experiment_points = max_experiment_points
         self.state: DashboardState | None = None
         self.scheduler: Scheduler | None = None
         self._bokeh_app: Any = None
@@ -50,15 +55,14 @@ class DasktuneDashboardPlugin(SchedulerPlugin):
 
     def __getstate__(self) -> dict[str, Any]:
         # Travels to the scheduler before start(): only the settings.
-        return {"max_points": self.max_points, "max_experiments": self.max_experiments}
+        return dict(self._settings)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state)
 
     async def start(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
-        self.state = DashboardState(max_points=self.max_points,
-                                    max_experiments=self.max_experiments)
+        self.state = DashboardState(**self._settings)
         # Experiments that began before the plugin arrived: replay what the event log kept.
         for _, msg in scheduler.get_events(TOPIC):
             self.log_event(TOPIC, msg)

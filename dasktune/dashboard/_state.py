@@ -3,8 +3,11 @@
 :class:`DashboardState` is pure data (no Bokeh, no Dask). The scheduler plugin feeds it
 live messages; the static server feeds it messages rebuilt from storage. Pages and JSON
 handlers only read it. Memory stays bounded: at most ``max_points`` points per trial
-(older points are thinned by half when the cap is hit) and ``max_experiments``
-experiments (the oldest finished ones are dropped first).
+(older points are thinned by half when the cap is hit), ``max_experiment_points`` points
+in all of an experiment's curves (every curve is thinned by half when that cap is hit,
+so 10,000 trials of 100 reports keep a coarser curve each rather than a million
+points), and ``max_experiments`` experiments (the oldest finished ones are dropped
+first).
 
 All methods take a lock, so readers on another thread see consistent snapshots.
 """
@@ -39,6 +42,8 @@ class ExperimentView:
     trials: dict[str, dict[str, Any]] = field(default_factory=dict)
     points: dict[str, list[list[float]]] = field(default_factory=dict)  # [iteration, value, t]
     best_so_far: list[list[Any]] = field(default_factory=list)  # [t, value, trial_id]
+    n_points: int = 0  # in all of ``points``
+    thin_at: int = 0  # n_points that makes every curve thinned by half (0: the default)
     version: int = 0
     received: float = field(default_factory=time.time)
 
@@ -85,12 +90,17 @@ class ExperimentView:
 class DashboardState:
     """The experiments one dashboard shows, updated by :meth:`apply`."""
 
-    def __init__(self, *, max_points: int = 2000, max_experiments: int = 50):
+    def __init__(self, *, max_points: int = 2000, max_experiments: int = 50,
+                 max_experiment_points: int = 200_000):
         if max_points < 4:
             raise ValueError(f"max_points must be at least 4, got {max_points!r}")
         if max_experiments < 1:
             raise ValueError(f"max_experiments must be at least 1, got {max_experiments!r}")
+        if max_experiment_points < max_points:
+            raise ValueError(f"max_experiment_points must be at least max_points "
+                             f"({max_points}), got {max_experiment_points!r}")
         self.max_points = int(max_points)
+        self.max_experiment_points = int(max_experiment_points)
         self.max_experiments = int(max_experiments)
         self._experiments: dict[str, ExperimentView] = {}
         self._lock = threading.RLock()
@@ -155,14 +165,33 @@ class DashboardState:
             # follows the attempt that counts, so drop the tail it replaces.
             while series and series[-1][0] >= iteration:
                 series.pop()
+                view.n_points -= 1
             series.append([iteration, value, t])
+            view.n_points += 1
             if len(series) > self.max_points:
-                series[:] = series[:-1:2] + series[-1:]
+                view.n_points -= len(series)
+                series[:] = _halved(series)
+                view.n_points += len(series)
+            if view.n_points > (view.thin_at or self.max_experiment_points):
+                self._thin_experiment(view)
             if view.mode is not None and view.better(value, best):
                 best = value
                 view.best_so_far.append([t, value, str(trial_id)])
                 if len(view.best_so_far) > self.max_points:
-                    view.best_so_far[:] = view.best_so_far[:-1:2] + view.best_so_far[-1:]
+                    view.best_so_far[:] = _halved(view.best_so_far)
+
+    def _thin_experiment(self, view: ExperimentView) -> None:
+        """Halve the curves longer than their share of half the experiment's cap, so
+        long curves give way first and a trial's old curve is not thinned again and
+        again while new trials come."""
+        share = max(2, self.max_experiment_points // (2 * len(view.points)))
+        for curve in view.points.values():
+            while len(curve) > share:
+                curve[:] = _halved(curve)
+        view.n_points = sum(map(len, view.points.values()))
+        # A curve keeps its first and newest points: with more trials than the cap has
+        # room for, the next thinning waits until the count doubles (not every point).
+        view.thin_at = max(self.max_experiment_points, 2 * view.n_points)
 
     # ------------------------------------------------------------------- reads
     def experiment_ids(self) -> list[str]:
@@ -199,3 +228,8 @@ class DashboardState:
                 for record in records:
                     record["points"] = copy.deepcopy(view.points.get(record["trial_id"], []))
             return records
+
+
+def _halved(series: list[Any]) -> list[Any]:
+    """Every other point of ``series``, and always its newest."""
+    return series[:-1:2] + series[-1:]
