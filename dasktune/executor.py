@@ -115,7 +115,6 @@ class DaskExecutor:
         self._workers_at = 0.0
         self._poll_wait = _dask_config.get_seconds("executor.poll-wait")
         self._in_flight = int(_dask_config.get("executor.max-reports-in-flight"))
-        self._polling = 0  # attempts whose reports are being collected
         self._start_timeout = _dask_config.get_seconds("executor.actor-start-timeout")
         self._direct = bool(_dask_config.get("executor.direct-to-workers"))
         self._closed = False
@@ -627,17 +626,13 @@ class DaskExecutor:
                 info = await self._call(run, "start")
             run.started = True
             self._events.put(ExecEvent(STARTED, tid, attempt, info=info))
-            self._polling += 1
-            try:
-                while True:
-                    await self._poll_until_finished(run)
-                    nxt = run.next
-                    if nxt is None or not nxt.started:
-                        return
-                    # The queued attempt runs on this actor now: drive it here.
-                    run, tid, attempt = nxt, nxt.spec.trial_id, nxt.spec.attempt
-            finally:
-                self._polling -= 1
+            while True:
+                await self._poll_until_finished(run)
+                nxt = run.next
+                if nxt is None or not nxt.started:
+                    return
+                # The queued attempt runs on this actor now: drive it in this coroutine.
+                run, tid, attempt = nxt, nxt.spec.trial_id, nxt.spec.attempt
         except asyncio.CancelledError:
             if run.cancelled or self._closed:
                 raise
@@ -662,12 +657,12 @@ class DaskExecutor:
             run = run.next
 
     def _batch_limit(self) -> int:
-        """The most reports one poll fetches: the trials being polled share the driver's
+        """The most reports one poll fetches: the running attempts share the driver's
         in-flight budget, so its backlog grows with neither the report count nor the
         number of concurrent trials (a few reports a poll at least, to keep batching)."""
-        # Attempts just started count too: the first polls of a wave of trials must not
+        # Attempts still starting count too: the first polls of a wave of trials must not
         # each take the whole budget.
-        return max(_MIN_BATCH, self._in_flight // max(1, self._polling, len(self._runs)))
+        return max(_MIN_BATCH, self._in_flight // max(1, self.num_running))
 
     async def _poll_until_finished(self, run: _Run) -> None:
         """Collect ``run``'s reports until it ends; on the reply that ends it, hand its

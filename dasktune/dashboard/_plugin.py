@@ -42,27 +42,29 @@ class DasktuneDashboardPlugin(SchedulerPlugin):
 
     def __init__(self, *, max_points: int = 2000, max_experiments: int = 50,
                  max_experiment_points: int = 200_000):
-        self._settings = {"max_points": max_points, "max_experiments": max_experiments,
-                          "max_experiment_points": max_experiment_points}
-        DashboardState(**self._settings)  # validate
         self.max_points = max_points
         self.max_experiments = max_experiments
         self.max_experiment_points = max_experiment_points
+        DashboardState(**self._settings())  # validate
         self.state: DashboardState | None = None
         self.scheduler: Scheduler | None = None
         self._bokeh_app: Any = None
         self._nav_pages: list[str] | None = None
 
+    def _settings(self) -> dict[str, int]:
+        return {"max_points": self.max_points, "max_experiments": self.max_experiments,
+                "max_experiment_points": self.max_experiment_points}
+
     def __getstate__(self) -> dict[str, Any]:
         # Travels to the scheduler before start(): only the settings.
-        return dict(self._settings)
+        return self._settings()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state)
 
     async def start(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
-        self.state = DashboardState(**self._settings)
+        self.state = DashboardState(**self._settings())
         # Experiments that began before the plugin arrived: replay what the event log kept.
         for _, msg in scheduler.get_events(TOPIC):
             self.log_event(TOPIC, msg)
