@@ -169,7 +169,7 @@ class TuneController:
         self._restore_meta: dict[str, dict[str, Any]] = {}
         self._iteration = 0
         self._start = time.monotonic()
-        self._last_save = 0.0
+        self._last_save = float("-inf")  # due at once, however young the clock
         self._save_period = _dask_config.get_seconds("controller.checkpoint-period")
         self._save_gap = _MIN_SAVE_GAP
         self._save_took = 0.0  # the last save's time: building it, then writing it

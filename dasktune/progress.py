@@ -50,7 +50,7 @@ class ProgressReporter:
         self.out = out or sys.stdout
         self.period = _dask_config.get_seconds("controller.report-period") if period is None \
             else period
-        self._last = 0.0
+        self._last = float("-inf")  # the first call reports, however young the clock
         self._start = time.monotonic()
         # In a Jupyter kernel the table is one output that updates in place.
         self._display: Any = _jupyter_display() if out is None else None

@@ -123,13 +123,18 @@ def test_trials_endpoint_errors(client):
     assert unknown.status_code == 404 and "nope" in unknown.json()["error"]
 
 
-def test_updates_are_batched(client):
-    register_dashboard(client)
+def _trial_ids(url: str, experiment_id: str) -> list[str]:
+    body = _get(url + "/api/trials", experiment=experiment_id).json()
+    return sorted(t["trial_id"] for t in body.get("trials", []))
+
+
+def test_updates_are_batched_and_bypass_the_event_log(client):
+    url = register_dashboard(client)
+    logged = len(client.get_events("dasktune"))
     cb = DashboardCallback(client, {"name": "batched", "metric": "loss", "mode": "min"},
                            flush_interval=3600)
     trial = Trial("b0", {})
     cb.setup()  # first flush: the experiment summary
-    sent = len(client.get_events("dasktune"))
     trial.set_status("RUNNING")
     cb.on_trial_start(0, [trial], trial)
     for it in range(1, 50):
@@ -137,18 +142,21 @@ def test_updates_are_batched(client):
         trial.update_last_result(result)
         cb.on_trial_result(it, [trial], trial, result)
         cb.on_step_end(it, [trial])
-    assert len(client.get_events("dasktune")) == sent  # not due yet
+    assert _trial_ids(url, cb.experiment_id) == []  # not due yet
     trial.set_status("TERMINATED")
     cb.on_experiment_end([trial])
-    new = [msg for _, msg in client.get_events("dasktune")[sent:]]
-    assert [m["type"] for m in new] == ["experiment", "trials", "results"]
-    assert len(new[2]["points"]) == 49
+    body = _get(url + "/api/trials", experiment=cb.experiment_id, points=1).json()
+    (record,) = body["trials"]
+    assert record["status"] == "TERMINATED" and len(record["points"]) == 49
+    # The plugin's handler took them: the scheduler's event log keeps no second copy.
+    assert len(client.get_events("dasktune")) == logged
 
 
-def test_replugged_dashboard_replays_event_log(cluster, client):
+def test_replugged_dashboard_keeps_its_experiments(cluster, client):
     url = register_dashboard(client)
-    cb = DashboardCallback(client, {"name": "replayed", "metric": "loss", "mode": "min"})
-    _run_trials(cb, list(client.scheduler_info()["workers"]), n_trials=2, n_iters=2)
+    workers = list(client.scheduler_info()["workers"])
+    cb = DashboardCallback(client, {"name": "replugged", "metric": "loss", "mode": "min"})
+    _run_trials(cb, workers, n_trials=2, n_iters=2)
     old = cluster.scheduler.plugins[PLUGIN_NAME]
     client.unregister_scheduler_plugin(PLUGIN_NAME)
     assert register_dashboard(client) == url
@@ -157,8 +165,36 @@ def test_replugged_dashboard_replays_event_log(cluster, client):
                if getattr(a, "_dasktune_dashboard", False)]
     assert len(mounted) == 1
     assert _get(client.dashboard_link).text.count('href="dasktune"') == 1
-    trials = _get(url + "/api/trials", experiment=cb.experiment_id).json()["trials"]
-    assert sorted(t["trial_id"] for t in trials) == ["t0", "t1"]
+    assert _trial_ids(url, cb.experiment_id) == ["t0", "t1"]
+    later = DashboardCallback(client, {"name": "after", "metric": "loss", "mode": "min"})
+    _run_trials(later, workers, n_trials=1, n_iters=2)
+    assert _trial_ids(url, later.experiment_id) == ["t0"]
+
+
+def test_a_late_dashboard_replays_what_the_event_log_kept():
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp://",
+                      host="127.0.0.1", dashboard_address="127.0.0.1:0") as cluster, \
+            Client(cluster) as client:
+        workers = list(client.scheduler_info()["workers"])
+        # No plugin yet: the updates wait in the scheduler's event log.
+        early = DashboardCallback(client, {"name": "early", "metric": "loss", "mode": "min"})
+        _run_trials(early, workers, n_trials=2, n_iters=3)
+        assert {m["type"] for _, m in client.get_events("dasktune")} == \
+            {"experiment", "trials", "results"}
+        url = register_dashboard(client)
+        assert _trial_ids(url, early.experiment_id) == ["t0", "t1"]
+
+        # A plugin that closes (scheduler shutdown, or a user's own close) hands its
+        # handler back to the event log, so a driver still sending loses nothing.
+        cb = DashboardCallback(client, {"name": "orphan", "metric": "loss", "mode": "min"})
+        cb.setup()
+        client.sync(cluster.scheduler.plugins[PLUGIN_NAME].close)
+        client.unregister_scheduler_plugin(PLUGIN_NAME)
+        logged = len(client.get_events("dasktune"))
+        _run_trials(cb, workers, n_trials=1, n_iters=2)
+        assert len(client.get_events("dasktune")) > logged
+        url = register_dashboard(client)
+        assert _trial_ids(url, cb.experiment_id) == ["t0"]
 
 
 def test_send_failures_never_reach_the_tuning_loop(cluster, caplog):

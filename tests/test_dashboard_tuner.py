@@ -44,3 +44,6 @@ def test_json_endpoint_matches_result_grid(local_client, storage_path):
         assert t["config"]["x"] == r.config["x"]
     best = results.get_best_result()
     assert min(got.values(), key=lambda t: t["best"])["trial_id"] == best.metrics["trial_id"]
+    # The updates went to the plugin, not into the scheduler's event log as well.
+    assert not [m for _, m in local_client.get_events("dasktune")
+                if m.get("experiment_id") == eid]

@@ -1,8 +1,9 @@
 """The live dasktune page in the Dask dashboard, its JSON endpoints, and the static server.
 
-Data path: :class:`DashboardCallback` (driver) batches trial updates into
-``client.log_event("dasktune", ...)`` messages; :class:`DasktuneDashboardPlugin`
-(scheduler) receives them in ``log_event`` and serves ``/dasktune`` and
+Data path: :class:`DashboardCallback` (driver) batches trial updates into messages and
+sends each batch to the scheduler handler that :class:`DasktuneDashboardPlugin` adds
+(or, with no plugin there, to the ``"dasktune"`` event topic, which a plugin registered
+later replays); the plugin keeps them in a bounded state and serves ``/dasktune`` and
 ``/dasktune/api/{experiments,trials}`` from Dask's dashboard. :func:`serve_static`
 serves the same page for experiments read back from storage.
 """

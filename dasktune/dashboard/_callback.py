@@ -23,6 +23,7 @@ from dasktune.dashboard._messages import (
     result_point,
     trial_record,
 )
+from dasktune.dashboard._plugin import listening
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -36,7 +37,7 @@ _MAX_BUFFERED_POINTS = 5000
 
 
 class DashboardCallback(Callback):
-    """Send trial updates and results to the dashboard with ``client.log_event``.
+    """Send trial updates and results to the dashboard plugin on the scheduler.
 
     Updates are batched: a flush happens in :meth:`on_step_end` at most every
     ``flush_interval`` seconds, and once more in :meth:`on_experiment_end`. A flush sends
@@ -49,12 +50,14 @@ class DashboardCallback(Callback):
     ``"max"``), optionally ``experiment_id`` (default: the name plus a random suffix) and
     ``start_time``. Config keys that look secret are masked before anything is sent.
 
-    The dashboard is best-effort: a failed send is logged and dropped, never raised into
-    the tuning loop.
+    A flush is one call to the plugin's scheduler handler when
+    :class:`~dasktune.dashboard.DasktuneDashboardPlugin` is registered (checked once),
+    else one ``client.log_event("dasktune", ...)`` per message: the plugin replays the
+    event log when it arrives. The dashboard is best-effort: a failed send is logged and
+    dropped, never raised into the tuning loop.
 
-    Curves are thinned at the source, so what the scheduler keeps (its event log holds
-    the last 1,000 messages of a topic for late subscribers) grows with the logarithm of
-    the report count, not with it: a trial's first ``points_per_trial`` values are all
+    Curves are thinned at the source, so what the plugin receives grows with the
+    logarithm of the report count, not with it: a trial's first ``points_per_trial`` values are all
     sent, then every 2nd, every 4th, ... as its count doubles; a value that improves the
     experiment's best, and a trial's newest value at each flush, are always sent.
     """
@@ -95,6 +98,7 @@ class DashboardCallback(Callback):
         self._warned = False
         self._status_line: Any = None  # the controller's, given to setup()
         self._waiting: str | None = None
+        self._to_plugin: bool | None = None  # see _send
 
     # ----------------------------------------------------------------- hooks
     def setup(self, stop: Any = None, num_samples: int | None = None,
@@ -194,10 +198,8 @@ class DashboardCallback(Callback):
         sent = {tid: _signature(t) for tid, t in self._dirty.items()}
         self._info_dirty, self._dirty, self._points = False, {}, []
         try:
-            for msg in messages:
-                pending = self.client.log_event(TOPIC, msg)
-                if inspect.isawaitable(pending):  # an asynchronous client: don't block the loop
-                    asyncio.ensure_future(pending)
+            if messages:
+                self._send(messages)
         except Exception as exc:  # noqa: BLE001 - the dashboard must never stop a run
             self._info_dirty = self._info_dirty or messages[0]["type"] == EXPERIMENT
             if not self._warned:
@@ -206,6 +208,29 @@ class DashboardCallback(Callback):
                 self._warned = True
             return
         self._sent.update(sent)
+
+    def _send(self, messages: list[dict[str, Any]]) -> None:
+        """One batch to the dashboard plugin's handler where it listens, else each message
+        to the scheduler's event log (a plugin registered later replays that)."""
+        if self._to_plugin is None:
+            self._to_plugin = self._plugin_listens()
+        if self._to_plugin:
+            self.client.sync(self.client.scheduler.dasktune_dashboard, messages=messages)
+            return
+        for msg in messages:
+            pending = self.client.log_event(TOPIC, msg)
+            if inspect.isawaitable(pending):  # an asynchronous client: don't block the loop
+                asyncio.ensure_future(pending)
+
+    def _plugin_listens(self) -> bool:
+        """Asked once: whether the scheduler has the dashboard plugin's handler."""
+        if getattr(self.client, "asynchronous", False):
+            return False  # no blocking call on an event loop: the event log serves
+        try:
+            return bool(self.client.run_on_scheduler(listening))
+        except Exception as exc:  # noqa: BLE001 - e.g. run_function blocked: use the log
+            logger.debug("dasktune dashboard: no plugin handler found (%r)", exc)
+            return False
 
     def _waiting_note(self) -> str | None:
         """The controller's note while the experiment waits for resources, else None."""

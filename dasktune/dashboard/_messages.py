@@ -1,6 +1,7 @@
 """The messages the driver sends to the dashboard, built from :class:`~dasktune.trial.Trial`.
 
-Three kinds travel under the ``"dasktune"`` event topic (plain JSON/msgpack types only):
+Three kinds travel in batches to the dashboard plugin's scheduler handler, or under the
+``"dasktune"`` event topic where no plugin listens (plain JSON/msgpack types only):
 
 ``{"type": "experiment", "experiment_id", "name", "storage", "searcher", "scheduler",
 "metric", "mode", "start_time", "end_time", "status", "waiting"}``

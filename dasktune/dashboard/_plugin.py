@@ -3,8 +3,15 @@
 On ``start`` it builds a Bokeh application for ``/dasktune`` (Dask's
 ``BokehApplication``, so the page gets Dask's template, theme and prefix), adds it and
 the JSON endpoints to ``scheduler.http_application``, and adds "Dasktune" to the
-navigation bar of Dask's pages. It then keeps a :class:`DashboardState` fed from the
-``"dasktune"`` events that :class:`~dasktune.dashboard.DashboardCallback` logs.
+navigation bar of Dask's pages. It then keeps a :class:`DashboardState` fed by
+:class:`~dasktune.dashboard.DashboardCallback` through the scheduler handler
+:data:`HANDLER`, and by any ``"dasktune"`` events logged while no plugin listened.
+
+Why a handler and not only the event log: the scheduler keeps the last 1,000 events of
+each topic (``distributed.admin.low-level-log-length``) as a second copy, whatever
+their size, and a flush carries a record of every trial that changed. At 100 trials
+that copy grew the scheduler by about 7 MiB a minute until the ring was full, and it
+grows with the number of trials; the state here is bounded by its own caps.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "dasktune-dashboard"
 PAGE = "dasktune"
+# The scheduler handler the driver sends its batched updates to.
+HANDLER = "dasktune_dashboard"
 _MARK = "_dasktune_dashboard"
 
 
@@ -64,12 +73,29 @@ class DasktuneDashboardPlugin(SchedulerPlugin):
 
     async def start(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
-        self.state = DashboardState(**self._settings())
-        # Experiments that began before the plugin arrived: replay what the event log kept.
-        for _, msg in scheduler.get_events(TOPIC):
-            self.log_event(TOPIC, msg)
+        previous = getattr(scheduler.handlers.get(HANDLER), "__self__", None)
+        if isinstance(previous, DasktuneDashboardPlugin) and previous.state is not None \
+                and previous._settings() == self._settings():
+            # Re-registered (Dask's unregister does not call close()): the updates went
+            # to the earlier instance until now, so its state is the whole story.
+            self.state = previous.state
+        else:
+            self.state = DashboardState(**self._settings())
+            # Experiments that began before the plugin arrived: replay what the event
+            # log kept of them.
+            for _, msg in scheduler.get_events(TOPIC):
+                self.log_event(TOPIC, msg)
+        scheduler.handlers[HANDLER] = self.receive
         if getattr(scheduler, "http_application", None) is not None:
             self._mount(scheduler)
+
+    def receive(self, messages: list[Any] | tuple[Any, ...]) -> None:
+        """The :data:`HANDLER` handler: apply a batch of messages, in order."""
+        if not isinstance(messages, (list, tuple)):  # msgpack gives tuples
+            logger.warning("dasktune dashboard: ignored a batch that is not a list")
+            return
+        for msg in messages:
+            self.log_event(TOPIC, msg)
 
     def _mount(self, scheduler: Scheduler) -> None:
         from tornado.ioloop import IOLoop
@@ -114,6 +140,11 @@ class DasktuneDashboardPlugin(SchedulerPlugin):
             logger.warning("dasktune dashboard: ignored a bad message: %s", exc)
 
     async def close(self) -> None:
+        scheduler = self.scheduler
+        if scheduler is not None and scheduler.handlers.get(HANDLER) == self.receive:
+            # A driver that found the handler keeps sending to it: keep what it sends in
+            # the event log, for a plugin registered later to replay.
+            scheduler.handlers[HANDLER] = _to_event_log(scheduler)
         app, self._bokeh_app = self._bokeh_app, None
         if app is not None:
             app.stop(wait=False)
@@ -123,6 +154,21 @@ class DasktuneDashboardPlugin(SchedulerPlugin):
         if self._nav_pages is not None and PAGE in self._nav_pages:
             self._nav_pages.remove(PAGE)
         self._nav_pages = None
+
+
+def _to_event_log(scheduler: Scheduler) -> Any:
+    """:data:`HANDLER` once the plugin closed: it logs the messages as events instead.
+    (A closure, not a partial: Dask logs its handlers' ``__name__``.)"""
+    def to_event_log(messages: list[Any] | tuple[Any, ...]) -> None:
+        for msg in messages if isinstance(messages, (list, tuple)) else ():
+            scheduler.log_event(TOPIC, msg)
+
+    return to_event_log
+
+
+def listening(dask_scheduler: Scheduler) -> bool:
+    """Whether the scheduler has the :data:`HANDLER` (run with ``run_on_scheduler``)."""
+    return HANDLER in dask_scheduler.handlers
 
 
 def _dashboard_prefix(scheduler: Scheduler) -> str:
