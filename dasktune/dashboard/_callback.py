@@ -23,7 +23,7 @@ from dasktune.dashboard._messages import (
     result_point,
     trial_record,
 )
-from dasktune.dashboard._plugin import listening
+from dasktune.dashboard._plugin import HANDLER, listening
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -57,9 +57,10 @@ class DashboardCallback(Callback):
     dropped, never raised into the tuning loop.
 
     Curves are thinned at the source, so what the plugin receives grows with the
-    logarithm of the report count, not with it: a trial's first ``points_per_trial`` values are all
-    sent, then every 2nd, every 4th, ... as its count doubles; a value that improves the
-    experiment's best, and a trial's newest value at each flush, are always sent.
+    logarithm of the report count, not with it: a trial's first ``points_per_trial``
+    values are all sent, then every 2nd, every 4th, ... as its count doubles; a value that
+    improves the experiment's best, and a trial's newest value at each flush, are always
+    sent.
     """
 
     def __init__(self, client: Client, experiment_info: dict[str, Any], *,
@@ -215,7 +216,7 @@ class DashboardCallback(Callback):
         if self._to_plugin is None:
             self._to_plugin = self._plugin_listens()
         if self._to_plugin:
-            self.client.sync(self.client.scheduler.dasktune_dashboard, messages=messages)
+            self.client.sync(getattr(self.client.scheduler, HANDLER), messages=messages)
             return
         for msg in messages:
             pending = self.client.log_event(TOPIC, msg)
