@@ -176,7 +176,7 @@ class TuneController:
         self._writing: Future[float] | None = None  # the last save's write, if in flight
         self._warned_on_demand = False
         self._unwritten_errors: list[tuple[Trial, str]] = []
-        self._errors_tried = 0.0
+        self._errors_tried = float("-inf")  # a retry is due at once, as for _last_save
         self._stop_all = False
         self._raise: BaseException | None = None
         self._waiting_reason: str | None = None

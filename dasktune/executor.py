@@ -112,7 +112,7 @@ class DaskExecutor:
         self._used: dict[str, dict[str, float]] = {}
         self._gpus: dict[str, GPUAllocator] = {}
         self._workers: dict[str, dict[str, Any]] = {}
-        self._workers_at = 0.0
+        self._workers_at = _STALE  # when self._workers was fetched
         self._poll_wait = _dask_config.get_seconds("executor.poll-wait")
         self._in_flight = int(_dask_config.get("executor.max-reports-in-flight"))
         self._start_timeout = _dask_config.get_seconds("executor.actor-start-timeout")
@@ -148,14 +148,14 @@ class DaskExecutor:
             worker = msg.get("worker", "")
             if msg.get("op") == "remove-worker":
                 self._gone.add(worker)
-                self._workers_at = 0.0
+                self._workers_at = _STALE
                 self._events.put(ExecEvent(WORKER_LOST, "", 0, info={"worker": worker}))
             elif msg.get("op") == "retiring" and worker not in self._retiring:
                 self._retiring.add(worker)
                 self._events.put(ExecEvent(WORKER_RETIRING, "", 0, info={"worker": worker}))
             elif msg.get("op") == "add-worker":
                 self._gone.discard(worker)
-                self._workers_at = 0.0
+                self._workers_at = _STALE
                 self._events.put(ExecEvent(WORKER_ADDED, "", 0, info={"worker": worker}))
 
         self.client.subscribe_topic(recovery.TOPIC, on_event)
@@ -417,7 +417,7 @@ class DaskExecutor:
             self._events.put(ExecEvent(LOST, tid, run.spec.attempt,
                                        error=f"worker {addr} was lost"))
             _cancel(run)
-        self._workers_at = 0.0
+        self._workers_at = _STALE
         return lost
 
     def _drop_idle(self, addr: str) -> None:
@@ -724,6 +724,9 @@ class DaskExecutor:
             await self._call_quiet(run, "poll", ack, 0, fence)  # drop the last batch
             return
 
+
+# A fetch time that is always out of date, however young the monotonic clock.
+_STALE = float("-inf")
 
 # The fewest reports one poll fetches, however many trials share the in-flight budget.
 _MIN_BATCH = 16

@@ -6,8 +6,8 @@ handlers only read it. Memory stays bounded: at most ``max_points`` points per t
 (older points are thinned by half when the cap is hit), ``max_experiment_points`` points
 in all of an experiment's curves (when that cap is hit, the curves longer than their
 share are thinned by half, so 10,000 trials of 100 reports keep a coarser curve each
-rather than a million points), and ``max_experiments`` experiments (the oldest finished ones are dropped
-first).
+rather than a million points), and ``max_experiments`` experiments (the oldest finished
+ones are dropped first).
 
 All methods take a lock, so readers on another thread see consistent snapshots.
 """
