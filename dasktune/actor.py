@@ -24,14 +24,13 @@ import copy
 import os
 import shutil
 import socket
-import tempfile
 import threading
 import time
 import traceback
 from collections import deque
 from typing import Any
 
-from dasktune import _dask_config, isolation
+from dasktune import _dask_config, isolation, scratch
 from dasktune.checkpoint import Checkpoint
 from dasktune.result import SHOULD_CHECKPOINT
 from dasktune.session import StopTrial, TrialSession, TrialSpec, _bind
@@ -118,6 +117,7 @@ class TrialActor:
         from distributed import get_worker
 
         worker = get_worker()
+        scratch.set_root(worker.local_directory)  # removed by Dask if this worker dies
         self._loop = asyncio.get_running_loop()
         self._wakeup = asyncio.Event()
         self._ended = asyncio.Event()
@@ -454,7 +454,7 @@ class TrialActor:
                     want = True
                 if done and spec.checkpoint_at_end:
                     want = True
-                ckpt_dir = inst.save(tempfile.mkdtemp(prefix="dasktune-save-")) if want else None
+                ckpt_dir = inst.save(scratch.mkdtemp("dasktune-save-")) if want else None
                 try:
                     checkpoint = Checkpoint.from_directory(ckpt_dir) if ckpt_dir else None
                     try:
@@ -484,7 +484,7 @@ class TrialActor:
         """A checkpoint with no new result (pause, graceful move, checkpoint_at_end)."""
         if self._fenced.is_set():
             return  # nobody would log it; a new attempt may already write this trial
-        ckpt_dir = inst.save(tempfile.mkdtemp(prefix="dasktune-save-"))
+        ckpt_dir = inst.save(scratch.mkdtemp("dasktune-save-"))
         try:
             path = session.commit_checkpoint(
                 Checkpoint.from_directory(ckpt_dir),

@@ -7,7 +7,6 @@ import json
 import os
 import posixpath
 import shutil
-import tempfile
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from dasktune import scratch
 from dasktune.storage import MANIFEST, download_folder, redact, retry
 
 # Where set_metadata stores the user's metadata, as Ray 2.x names it.
@@ -51,7 +51,7 @@ class Checkpoint:
 
     def to_directory(self, path: str | os.PathLike[str] | None = None) -> str:
         """Copy the checkpoint's files into ``path`` (a new temporary folder if None)."""
-        dest = str(path) if path is not None else tempfile.mkdtemp(prefix="dasktune-ckpt-")
+        dest = str(path) if path is not None else scratch.mkdtemp("dasktune-ckpt-")
         os.makedirs(dest, exist_ok=True)
         if self._is_local:
             shutil.copytree(self.path, dest, dirs_exist_ok=True,

@@ -37,7 +37,7 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
-from dasktune import _dask_config
+from dasktune import _dask_config, scratch
 from dasktune.resources import parse_visible_devices
 
 if TYPE_CHECKING:
@@ -116,6 +116,8 @@ def run_in_process(actor: TrialActor, worker_address: str) -> None:
 
     env = dict(os.environ)
     env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+    if scratch.root():  # the child's temporary files go where Dask cleans up after a crash
+        env["TMPDIR"] = scratch.root()
     mine, theirs = socket.socketpair()
     try:
         proc = subprocess.Popen(

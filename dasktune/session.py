@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from dasktune import scratch
 from dasktune.checkpoint import Checkpoint
 from dasktune.storage import CommitFenced
 
@@ -182,9 +183,7 @@ class TrialSession:
             os.makedirs(self.spec.trial_path, exist_ok=True)
             return self.spec.trial_path
         if self.local_dir is None:
-            import tempfile
-
-            self.local_dir = tempfile.mkdtemp(prefix=f"dasktune-{self.spec.trial_id}-")
+            self.local_dir = scratch.mkdtemp(f"dasktune-{self.spec.trial_id}-")
         return self.local_dir
 
     def close(self) -> None:

@@ -16,6 +16,7 @@ import time
 
 import pytest
 import test_s3_support
+from conftest import wait_for
 from test_s3_support import (
     AWS_ENV,
     TcpProxy,
@@ -66,7 +67,7 @@ def counting(config):
             if config.get("how") == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)  # the worker process dies
             raise RuntimeError("first attempt fails")
-        tune.report({"score": i * config["lr"], "i": i},
+        tune.report({"score": i * config["lr"], "i": i, "trial_dir": ctx.get_trial_dir()},
                     checkpoint=tune.Checkpoint.from_directory(d))
 
 
@@ -172,6 +173,13 @@ def test_trial_resumes_from_s3_checkpoint(cluster, moto_s3, how):
     assert len(placements) == 2
     if how == "kill":
         assert placements[0]["worker"] != placements[1]["worker"]
+    # With storage in S3, the trial's own folder is local scratch, inside the Dask worker's
+    # local directory: when the worker was killed, Dask removes it as a new worker starts.
+    first, last = lines[0]["trial_dir"], lines[-1]["trial_dir"]
+    assert first != last
+    bases = cluster.run(lambda dask_worker: os.path.dirname(dask_worker.local_directory))
+    assert os.path.dirname(os.path.dirname(first)) in bases.values()
+    wait_for(lambda: not os.path.exists(first), timeout=30)
 
 
 class Outage:
