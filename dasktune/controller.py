@@ -599,7 +599,9 @@ class TuneController:
             isolate=bool(_dask_config.get("executor.isolate")),
             reuse_instance=self._reuse_instances,
         )
-        trial.restore_path = None
+        # restore_path stays until the trial commits a checkpoint of its own: until then
+        # a retry must start from it too, and retention must not delete it (a PBT donor
+        # may be committing newer checkpoints while this attempt still reads it).
         return spec
 
     def scheduler_hook(self, name: str, trial: Trial) -> None:
@@ -811,6 +813,7 @@ class TuneController:
         if trial.is_finished:
             return
         self._set_status(trial, TERMINATED)
+        self._unpin_restore(trial)  # nothing will restore it: its donor's checkpoint may go
         self.executor.withdraw(trial.trial_id)  # stopped while it waited for resources
         trial.last_result = dict(trial.last_result, done=True) if trial.last_result else {}
         if early_stopped:
@@ -990,10 +993,22 @@ class TuneController:
         trial.checkpoint = path
         trial.checkpoint_iteration = iteration
         self._enforce_retention(trial)
+        self._unpin_restore(trial)  # the trial's own lineage now goes on from here
         self._dirty = True
         self.callbacks.on_trial_save(iteration=self._iteration, trials=self.trials, trial=trial)
         self.callbacks.on_checkpoint(iteration=self._iteration, trials=self.trials, trial=trial,
                                      checkpoint=Checkpoint(path, self.storage.fs))
+
+    def _unpin_restore(self, trial: Trial) -> None:
+        """Forget where ``trial`` was to restore from; the trial (a PBT donor) that owns
+        that checkpoint may now delete it, so its retention runs again."""
+        path, trial.restore_path = trial.restore_path, None
+        if not path:
+            return
+        for owner in self.trials:
+            if owner is not trial and any(c["path"] == path for c in owner.checkpoints):
+                self._enforce_retention(owner)
+                return
 
     def _enforce_retention(self, trial: Trial) -> None:
         keep = self.checkpoint_config.num_to_keep

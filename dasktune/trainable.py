@@ -165,6 +165,8 @@ class Trainable:
 
     def restore(self, checkpoint_dir: str) -> None:
         """Load a checkpoint directory written by :meth:`save`."""
+        if not os.path.isdir(checkpoint_dir):  # else load_checkpoint gets a path to nothing
+            raise FileNotFoundError(f"checkpoint folder {checkpoint_dir} does not exist")
         dict_file = os.path.join(checkpoint_dir, _DICT_CHECKPOINT_FILE)
         if os.path.exists(dict_file):
             with open(dict_file, "rb") as f:

@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+import dasktune as tune
 from dasktune.schedulers import (
     ASHAScheduler,
     AsyncHyperBandScheduler,
@@ -500,6 +501,31 @@ def test_pbt_simulated_population_converges_and_round_trips(tmp_path):
     fresh.restore(str(tmp_path / "pbt.pkl"))
     assert fresh.get_state() == state
     assert fresh._rng.random() == sched._rng.random()
+
+
+@pytest.mark.parametrize("members,slots", [(4, 2), (4, 3), (5, 3)])
+def test_pbt_small_populations_on_few_slots_always_finish(members, slots):
+    """Ray's pbt_example shape (members start alike, noisy progress, 5-iteration
+    perturbations and checkpoints) with few members, where the top and bottom quantiles
+    are one or two trials. A clone waiting to restart used to take its donor's score, so
+    it looked like the top trial while it could not run (it was behind) and others kept
+    cloning its old checkpoint: some seeds never finished. Every seed must finish, with
+    about one exploit per member and perturbation interval at most."""
+    for seed in range(20):
+        rng = random.Random(seed)
+        trials = [Trial(trial_id=f"t{i}", config={"lr": 0.0001}) for i in range(members)]
+
+        def metrics(trial, it, rng=rng):
+            return {"acc": it * min(trial.config["lr"], 0.01) * 100 + 10 * rng.gauss(0, 1)}
+
+        sched = PopulationBasedTraining(
+            time_attr="training_iteration", metric="acc", mode="max", seed=seed,
+            perturbation_interval=5, hyperparam_mutations={"lr": tune.uniform(0.0001, 0.02)})
+        sim = SimulatedRun(sched, trials, metrics, slots=slots, max_iter=100,
+                           checkpoint_every=5).run(max_rounds=5_000)
+        assert all(sim.position[t.trial_id] == 100 for t in trials), seed
+        exploits = sum(isinstance(e[3], Exploit) for e in sim.events if e[0] == "result")
+        assert exploits <= members * 100 // 5, (seed, exploits)
 
 
 def test_pbt_synch_waits_for_everyone():

@@ -30,8 +30,9 @@ def asha_model(config, trial_id):
 
 
 def pbt_model(config, trial_id):
-    """6 iterations of 1 virtual second, each checkpointed (PBT clones checkpoints)."""
-    return [(1.0, {"score": config["q"] + 0.01 * i}, True) for i in range(6)]
+    """6 iterations of 1 virtual second, each but the last checkpointed (PBT clones
+    checkpoints; a clone of a donor's final one would have nothing left to run)."""
+    return [(1.0, {"score": config["q"] + 0.01 * i}, i < 5) for i in range(6)]
 
 
 def varied_model(config, trial_id):

@@ -235,7 +235,9 @@ class PopulationBasedTraining(TrialScheduler):
         # perturbation, so it copies that; the donor's newest checkpoint can be later,
         # and the clone would then be "due" again one iteration after it restarts.)
         at = _checkpoint_time(donor, self._time_attr)
-        mine.last_score = theirs.last_score
+        # The trial keeps its own (bottom) score until it reports from the donor's state,
+        # as in Ray. Taking the donor's score would make a clone waiting to restart look
+        # like a top trial, and others would then clone its old checkpoint, over and over.
         mine.last_perturbation_time = theirs.last_perturbation_time if at is None else at
         mine.last_train_time = theirs.last_train_time if at is None else at
         if self._log_config:
