@@ -21,6 +21,7 @@ from dasktune.config import (
     TuneConfig,
 )
 from dasktune.progress_reporter import CLIReporter, JupyterNotebookReporter, ProgressReporter
+from dasktune.registry import register_trainable
 from dasktune.results import Result, ResultGrid, TuneError
 from dasktune.runtime import init, is_initialized, shutdown
 from dasktune.session import get_checkpoint, get_context, report
@@ -49,7 +50,7 @@ __version__ = "0.1.0"
 # ``import dasktune.schedulers``: imported on first use, so ``import dasktune`` stays light.
 _SUBMODULES = frozenset({
     "callback", "checkpoint", "experiment", "logger", "progress", "result", "results",
-    "schedulers", "search", "stopper", "trainable", "tuner",
+    "registry", "schedulers", "search", "stopper", "trainable", "tuner", "utils",
 })
 
 
@@ -71,6 +72,6 @@ __all__ = [
     "Tuner", "choice",
     "get_checkpoint", "get_context", "grid_search", "init", "is_initialized", "lograndint",
     "loguniform", "qlograndint", "qloguniform", "qrandint", "qrandn", "quniform", "randint",
-    "randn", "report", "sample_from", "shutdown", "uniform", "with_parameters",
+    "randn", "register_trainable", "report", "sample_from", "shutdown", "uniform", "with_parameters",
     "with_resources",
 ]

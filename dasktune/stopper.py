@@ -119,7 +119,8 @@ def make_stopper(stop: Any) -> tuple[Stopper, dict[str, Any] | None]:
         for key, bound in stop.items():
             if not isinstance(key, str):
                 raise TypeError(f"stop: keys must be metric names, got {key!r}")
-            if isinstance(bound, bool) or not isinstance(bound, (int, float)):
+            # A bool counts, as in Ray: its examples stop on {"done": True}.
+            if not isinstance(bound, (int, float)):
                 raise TypeError(f"stop[{key!r}] must be a number, got {bound!r}")
         return DictStopper(stop), dict(stop)
     if callable(stop):

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dasktune import experiment, tuner_build
+from dasktune import experiment, registry, tuner_build
 from dasktune.config import RunConfig, TuneConfig
 from dasktune.results import ResultGrid
 from dasktune.space import validate_param_space
@@ -36,7 +36,8 @@ class Tuner:
     Args:
         trainable: a function ``f(config)`` that calls ``tune.report``, or a
             :class:`~dasktune.Trainable` subclass; optionally wrapped by
-            ``tune.with_resources`` / ``tune.with_parameters``.
+            ``tune.with_resources`` / ``tune.with_parameters``; or the name it was given
+            with ``tune.register_trainable``.
         param_space: the search space: a dict of constants, domains
             (``tune.uniform(...)``) and ``tune.grid_search([...])``, nested freely.
         tune_config: what to optimise and how many trials.
@@ -48,7 +49,11 @@ class Tuner:
                  _restored: experiment.RestoredExperiment | None = None):
         if trainable is None:
             raise TypeError("Tuner needs a trainable (a function or a dasktune.Trainable class)")
+        name = None
+        if isinstance(trainable, str):  # registered by name; the experiment's name keeps it
+            name, trainable = trainable, registry.get_trainable(trainable)
         validate_trainable(trainable)
+        self._trainable_name = name or trainable_name(trainable)
         if param_space is not None:
             validate_param_space(param_space)
         if tune_config is not None and not isinstance(tune_config, TuneConfig):
@@ -99,13 +104,13 @@ class Tuner:
         callbacks = tuner_build.make_callbacks(rc, client, storage, name, tc, search_alg,
                                               scheduler)
         state_writer = experiment.StateWriter(storage, name=name, uid=uid,
-                                              trainable_name=trainable_name(self._trainable),
+                                              trainable_name=self._trainable_name,
                                               tune_config=tc, run_config=rc,
                                               param_space=self._param_space)
         core, _, _ = unwrap(self._trainable)
         controller = TuneController(
             trainable=core,
-            trainable_name=trainable_name(self._trainable),
+            trainable_name=self._trainable_name,
             storage=storage,
             search_alg=search_alg,
             scheduler=scheduler,
@@ -186,7 +191,7 @@ class Tuner:
     # ------------------------------------------------------------------ helpers
     def _default_name(self) -> str:
         stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-        return f"{trainable_name(self._trainable)}_{stamp}"
+        return f"{self._trainable_name}_{stamp}"
 
     def _storage(self, name: str) -> ExperimentStorage:
         if self._restored is not None:

@@ -1,0 +1,1 @@
+"""Ray's ``ray.tune.utils`` path: helpers that Ray Tune's example scripts import."""
