@@ -38,6 +38,21 @@ _SCHEDULER_ARGS = ("scheduler_port", "protocol", "interface", "blocked_handlers"
                    "scheduler_kwargs", "dashboard_address", "service_kwargs", "services")
 
 
+class _QuietClose(logging.Filter):
+    """Drops distributed's INFO records of streams closed by their other end (with a
+    traceback each) once the embedded cluster, whose scheduler lives in this process, is
+    being closed: noise at the end of a user's script, where nothing can be done."""
+
+    closing = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (self.closing and record.levelno < logging.WARNING)
+
+
+_QUIET_CLOSE = _QuietClose()
+logging.getLogger("distributed.batched").addFilter(_QUIET_CLOSE)
+
+
 def _local_cluster(num_cpus: int | None = None, **kwargs: Any) -> Any:
     """The embedded cluster: a scheduler in this process, one worker process per core.
 
@@ -203,7 +218,12 @@ def init(address: str | None = None, *, security: Any = None, num_cpus: int | No
                 raise TypeError(f"init(address=...): unexpected arguments {sorted(kwargs)}")
             _client = Client(address, security=security, set_as_default=False)
         else:
+            _QUIET_CLOSE.closing = False
             _cluster = _local_cluster(num_cpus, security=security, **kwargs)
+            # At exit, close it here first (handlers run last-registered first), not in
+            # distributed's own handler, registered when distributed was imported.
+            atexit.unregister(shutdown)
+            atexit.register(shutdown)
             _client = Client(_cluster, set_as_default=False,
                              **({"security": security} if security is not None else {}))
             _wait_for_local_workers(_client, len(_cluster.worker_spec))
@@ -231,6 +251,8 @@ def shutdown() -> None:
     with _lock:
         client, cluster = _client, _cluster
         _client = _cluster = None
+    if cluster is not None:
+        _QUIET_CLOSE.closing = True
     if client is not None:
         try:
             client.close()
