@@ -3,7 +3,8 @@
 #   bash scripts/test.sh [pytest args]
 # Creates .venv (Python >= 3.10), installs dasktune with its test extras and the CPU
 # build of torch, installs Debian's chromium for the dashboard's browser test when
-# running as root, and runs pytest.
+# running as root, unpacks Ray Tune's example scripts (not Ray) for the test that runs
+# them on dasktune, and runs pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,6 +23,29 @@ if ! command -v chromium >/dev/null 2>&1; then
       || echo "warning: could not install chromium"
   fi
 fi
+
+# Ray Tune's own example scripts, for tests/test_ray_examples.py: only those files are
+# unpacked from Ray's wheel (Ray itself is not installed).
+RAY_VERSION=2.60.0
+RAY_EXAMPLES=.ray-examples/ray-$RAY_VERSION
+if [ ! -d "$RAY_EXAMPLES/ray/tune/examples" ]; then
+  wheels=$(mktemp -d)
+  if .venv/bin/python -m pip download -q --no-deps "ray==$RAY_VERSION" -d "$wheels"; then
+    .venv/bin/python - "$wheels" "$RAY_EXAMPLES" <<'PY'
+import glob, os, sys, zipfile
+wheel = glob.glob(os.path.join(sys.argv[1], "ray-*.whl"))[0]
+with zipfile.ZipFile(wheel) as z:
+    for name in z.namelist():
+        if name.startswith("ray/tune/examples/") and name.count("/") == 3 \
+                and name.endswith(".py"):
+            z.extract(name, sys.argv[2])
+PY
+  else
+    echo "warning: could not download ray==$RAY_VERSION; tests/test_ray_examples.py cannot run"
+  fi
+  rm -rf "$wheels"
+fi
+export DASKTUNE_RAY_EXAMPLES="$PWD/$RAY_EXAMPLES/ray/tune/examples"
 
 export PYTHONDONTWRITEBYTECODE=1
 set +e
