@@ -23,12 +23,17 @@ fixed ``h`` ends at Q = 1.149 and a decaying schedule at 1.170; with N(0, 1) the
 ``--population`` trials with ``h ~ loguniform(1e-3, 0.5)`` trains ``--steps`` iterations under
 ``PopulationBasedTraining(perturbation_interval=10)`` (checkpoints through
 ``tune.Checkpoint.from_directory`` / ``tune.get_checkpoint``) and, for the same total
-iterations, as plain random search (FIFO). Checked: PBT's best final Q beats random search's,
-per seed.
+iterations, as plain random search (FIFO). Both start from the same population
+(``BasicVariantGenerator(random_state=seed)``), so a seed compares PBT with the very
+members it started from. Checked: PBT's best final Q beats random search's, per seed.
+
+``--framework ray`` runs the same code under Ray Tune (Ray's modules, same names and
+arguments; ``pip install 'dasktune[bench]'``), for Ray's figures on the same problems.
 
     python benchmarks/early_stopping.py                # 81 curves, max_t 81; PBT 3 seeds
     python benchmarks/early_stopping.py --smoke-test   # 81 curves, max_t 27; PBT 1 seed
     python benchmarks/early_stopping.py --part pbt --seeds 5
+    python benchmarks/early_stopping.py --framework ray  # the same, under Ray Tune
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import json
 import logging
 import math
 import os
+import random
 import shutil
 import sys
 import tempfile
@@ -55,6 +61,29 @@ from dasktune.schedulers import (  # noqa: E402
     HyperBandScheduler,
     PopulationBasedTraining,
 )
+from dasktune.search import BasicVariantGenerator  # noqa: E402
+
+FRAMEWORK = "dasktune"
+
+
+def use_ray() -> None:
+    """Run everything below under Ray Tune instead: the same code, Ray's modules (the
+    names and arguments are Ray's). Ray keeps its file loggers: its ResultGrid reads its
+    dataframes from their files."""
+    global FRAMEWORK, tune, ASHAScheduler, FIFOScheduler, HyperBandScheduler
+    global PopulationBasedTraining, BasicVariantGenerator
+    from ray import tune as ray_tune
+    from ray.tune import schedulers, search
+
+    FRAMEWORK, tune = "ray", ray_tune
+    ASHAScheduler, FIFOScheduler = schedulers.ASHAScheduler, schedulers.FIFOScheduler
+    HyperBandScheduler = schedulers.HyperBandScheduler
+    PopulationBasedTraining = schedulers.PopulationBasedTraining
+    BasicVariantGenerator = search.BasicVariantGenerator
+
+
+def callbacks() -> list:
+    return no_loggers() if FRAMEWORK == "dasktune" else []
 
 IN_FLIGHT = 4
 BUDGET = 0.35  # early stoppers must spend at most this share of FIFO's iterations
@@ -105,7 +134,7 @@ def run_curves(name: str, scheduler: object, curves: list[dict], max_t: int, sto
         tune_config=tune.TuneConfig(metric="score", mode="max", scheduler=scheduler,
                                     max_concurrent_trials=IN_FLIGHT),
         run_config=tune.RunConfig(name=name, storage_path=storage, verbose=0,
-                                  callbacks=no_loggers()),
+                                  callbacks=callbacks()),
     ).fit()
     df = grid.get_dataframe()
     best = grid.get_best_result(metric="score", mode="max", scope="last")
@@ -167,17 +196,22 @@ def run_pbt(seed: int, population: int, steps: int, pbt: bool, storage: str
     interval = 10
     space = {"h": tune.loguniform(1e-3, 0.5), "seed": seed, "steps": steps,
              "interval": interval}
+    if FRAMEWORK == "ray":  # Ray's PBT draws from the global RNG; it has no seed argument
+        random.seed(seed)
+    seeded = {"seed": seed} if FRAMEWORK == "dasktune" else {}
     scheduler = PopulationBasedTraining(
         time_attr="training_iteration", perturbation_interval=interval,
-        hyperparam_mutations={"h": tune.loguniform(1e-3, 0.5)}, seed=seed,
+        hyperparam_mutations={"h": tune.loguniform(1e-3, 0.5)}, **seeded,
     ) if pbt else FIFOScheduler()
     t0 = time.perf_counter()
     grid = tune.Tuner(
         pbt_trainable, param_space=space,
+        # The same seeded search for both: PBT starts from random search's population.
         tune_config=tune.TuneConfig(metric="q", mode="max", scheduler=scheduler,
+                                    search_alg=BasicVariantGenerator(random_state=seed),
                                     num_samples=population, max_concurrent_trials=population),
         run_config=tune.RunConfig(name=f"{'pbt' if pbt else 'random'}-{seed}",
-                                  storage_path=storage, verbose=0, callbacks=no_loggers()),
+                                  storage_path=storage, verbose=0, callbacks=callbacks()),
     ).fit()
     df = grid.get_dataframe()
     best = grid.get_best_result(metric="q", mode="max", scope="last")
@@ -215,11 +249,22 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200, help="PBT iterations per member")
     parser.add_argument("--smoke-test", action="store_true",
                         help="81 curves to max_t 27; PBT 1 seed, 100 steps")
+    parser.add_argument("--framework", choices=("dasktune", "ray"), default="dasktune",
+                        help="run the same benchmark under Ray Tune (pip install "
+                             "'dasktune[bench]'), for its figures beside dasktune's")
     args = parser.parse_args()
     if args.smoke_test:
         args.configs, args.max_t, args.seeds, args.steps = 81, 27, 1, 100
     logging.getLogger("dasktune").setLevel(logging.WARNING)
-    tune.init(num_cpus=IN_FLIGHT)
+    if args.framework == "ray":
+        import ray
+
+        use_ray()
+        ray.init(num_cpus=IN_FLIGHT, include_dashboard=False, log_to_driver=False)
+        shutdown = ray.shutdown
+    else:
+        tune.init(num_cpus=IN_FLIGHT)
+        shutdown = tune.shutdown
     storage = tempfile.mkdtemp(prefix="bench-es-")
     ok = True
     t0 = time.perf_counter()
@@ -231,9 +276,10 @@ def main() -> None:
             ok &= part_pbt(args.seeds, args.population, args.steps, storage,
                            args.first_seed)
     finally:
-        tune.shutdown()
+        shutdown()
         shutil.rmtree(storage, ignore_errors=True)
-    print(f"\nverdict: {'PASS' if ok else 'FAIL'} ({time.perf_counter() - t0:.0f}s)")
+    print(f"\nverdict ({args.framework}): {'PASS' if ok else 'FAIL'} "
+          f"({time.perf_counter() - t0:.0f}s)")
 
 
 if __name__ == "__main__":
