@@ -11,7 +11,9 @@ given); dasktune keeps 4 trials in flight. Methods:
   dasktune's 3), so this is less parallel than 4 in flight;
 - ``optuna-ask4``: Optuna ask-and-tell with exactly 4 asked and not told at each ask (the
   oldest told first), the same sampler: TPE at dasktune's concurrency, without dasktune;
-- ``random``: Optuna's ``RandomSampler``.
+- ``random``: Optuna's ``RandomSampler``;
+- ``ray`` (only with ``--method ray``; ``pip install 'dasktune[bench]'``): Ray Tune's own
+  ``OptunaSearch(seed=s)``, 4 in flight, the same TPE: where a Ray Tune user starts from.
 
 The noisy quadratic's optimizers see ``sum(x**2) + N(0, 0.1**2)`` (noise fixed per point, so
 every method sees the same function); the figure kept is the noise-free value of the trial
@@ -50,6 +52,7 @@ import dasktune as tune  # noqa: E402
 from dasktune.search.optuna import OptunaSearch  # noqa: E402
 
 METHODS = ("dasktune", "optuna", "optuna-n4", "optuna-ask4", "random")
+EXTRA_METHODS = ("ray",)  # only when asked for (--method ray): Ray is an optional extra
 IN_FLIGHT = 4
 
 
@@ -130,6 +133,35 @@ def run_dasktune(p: Problem, seed: int, trials: int, storage: str) -> list[tuple
     return [(m["value"], m["true"]) for m in done]
 
 
+def run_ray(p: Problem, seed: int, trials: int, storage: str) -> list[tuple[float, float]]:
+    """Ray Tune's own ``OptunaSearch(seed=s)`` (the same TPE), 4 in flight: the reference a
+    user switches from. Ray starts once, with as many CPUs as dasktune's cluster has."""
+    import ray
+    from ray import tune as ray_tune
+    from ray.tune.search.optuna import OptunaSearch as RayOptunaSearch
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=IN_FLIGHT, include_dashboard=False, log_to_driver=False)
+    names = [f"x{i}" for i in range(len(p.bounds))]
+
+    def objective(config: dict) -> None:
+        obs, true = p.f(np.array([config[n] for n in names]))
+        ray_tune.report({"value": obs, "true": true, "done_at": time.time()})
+
+    space = {n: ray_tune.uniform(lo, hi) for n, (lo, hi) in zip(names, p.bounds)}
+    grid = ray_tune.Tuner(
+        objective, param_space=space,
+        tune_config=ray_tune.TuneConfig(search_alg=RayOptunaSearch(seed=seed), metric="value",
+                                        mode="min", num_samples=trials,
+                                        max_concurrent_trials=IN_FLIGHT),
+        run_config=ray_tune.RunConfig(name=f"ray-{p.name}-{seed}", storage_path=storage,
+                                      verbose=0),
+    ).fit()
+    done = sorted((r.metrics for r in grid if r.metrics and "value" in r.metrics),
+                  key=lambda m: m["done_at"])
+    return [(m["value"], m["true"]) for m in done]
+
+
 def run_optuna(p: Problem, seed: int, trials: int, n_jobs: int,
                sampler: optuna.samplers.BaseSampler) -> list[tuple[float, float]]:
     del seed
@@ -172,6 +204,8 @@ def run_one(method: str, p: Problem, seed: int, trials: int, storage: str
             ) -> list[tuple[float, float]]:
     if method == "dasktune":
         return run_dasktune(p, seed, trials, storage)
+    if method == "ray":
+        return run_ray(p, seed, trials, storage)
     if method == "random":
         return run_optuna(p, seed, trials, 1, optuna.samplers.RandomSampler(seed=seed))
     sampler = optuna.samplers.TPESampler(seed=seed, constant_liar=True)
@@ -218,7 +252,7 @@ def main() -> None:
     parser.add_argument("--checkpoints", type=int, nargs="+", default=[50, 200],
                         help="trial counts at which the best value is taken")
     parser.add_argument("--function", choices=tuple(PROBLEMS), action="append")
-    parser.add_argument("--method", choices=METHODS, action="append")
+    parser.add_argument("--method", choices=METHODS + EXTRA_METHODS, action="append")
     parser.add_argument("--smoke-test", action="store_true",
                         help="2 seeds, 30 trials (best after 15 and 30), branin only")
     args = parser.parse_args()
