@@ -7,6 +7,7 @@ import json
 import os
 import posixpath
 import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -51,7 +52,7 @@ class Checkpoint:
 
     def to_directory(self, path: str | os.PathLike[str] | None = None) -> str:
         """Copy the checkpoint's files into ``path`` (a new temporary folder if None)."""
-        dest = str(path) if path is not None else scratch.mkdtemp("dasktune-ckpt-")
+        dest = str(path) if path is not None else tempfile.mkdtemp(prefix="dasktune-ckpt-")
         os.makedirs(dest, exist_ok=True)
         if self._is_local:
             shutil.copytree(self.path, dest, dirs_exist_ok=True,
@@ -79,7 +80,9 @@ class Checkpoint:
         if self._is_local:
             yield self.path
             return
-        tmp = self.to_directory()
+        # Deleted on exit: scratch in the worker's local directory is fine (a folder from
+        # to_directory() is the caller's to keep, so that one goes to the system's temp).
+        tmp = self.to_directory(scratch.mkdtemp("dasktune-ckpt-"))
         try:
             yield tmp
         finally:

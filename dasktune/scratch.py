@@ -3,7 +3,9 @@
 A worker that is killed (SIGKILL, a reclaimed spot machine) cannot clean up after its
 trials. Its local directory can be: Dask removes the directories of dead workers when the
 next worker starts on that disk. Elsewhere (the driver, a user's script) the system's
-temporary folder is used.
+temporary folder is used. Only for folders dasktune removes itself: with workers that are
+threads of the driver, the root is set in the driver, and a worker's directory goes when
+its cluster closes.
 """
 
 from __future__ import annotations

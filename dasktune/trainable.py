@@ -14,11 +14,10 @@ import inspect
 import os
 import pickle
 import socket
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
-
-from dasktune import scratch
 
 RESULT_DUPLICATE = "__duplicate__"
 _DICT_CHECKPOINT_FILE = "dict_checkpoint.pkl"
@@ -41,7 +40,7 @@ class Trainable:
         self.config: dict[str, Any] = config or {}
         self._trial_id: str = info.get("trial_id", "default")
         self._trial_name: str = info.get("trial_name", "default")
-        self._logdir: str = info.get("logdir") or scratch.mkdtemp("dasktune-trainable-")
+        self._logdir: str = info.get("logdir") or tempfile.mkdtemp(prefix="dasktune-trainable-")
         self._trial_resources: dict[str, Any] = info.get("resources", {})
         self._iteration = int(info.get("iteration", 0))
         self._time_total = float(info.get("time_total_s", 0.0))
@@ -150,7 +149,7 @@ class Trainable:
 
     def save(self, checkpoint_dir: str | None = None) -> str:
         """Write a checkpoint into ``checkpoint_dir`` (a new temp folder if None)."""
-        checkpoint_dir = checkpoint_dir or scratch.mkdtemp("dasktune-save-")
+        checkpoint_dir = checkpoint_dir or tempfile.mkdtemp(prefix="dasktune-save-")
         os.makedirs(checkpoint_dir, exist_ok=True)
         state = self.save_checkpoint(checkpoint_dir)
         if isinstance(state, dict):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import tempfile
 import uuid
 import warnings
@@ -355,3 +356,28 @@ def test_jupyter_reporter_updates_one_output_or_adds_new_ones():
         km.shutdown_kernel(now=True)
     assert kinds[True] == ["display_data"] + ["update_display_data"] * 2
     assert kinds[False] == ["display_data"] * 3
+
+
+def test_checkpoint_folders_the_caller_keeps_are_not_scratch(tmp_path, monkeypatch):
+    """On a worker, dasktune's own temporary folders go in the worker's local directory
+    (Dask removes it when the worker dies). A folder from ``to_directory()`` is the
+    caller's to keep, so it never goes there, even where workers are threads of the
+    driver; ``as_directory()``'s copy of a remote checkpoint does, and is removed on exit."""
+    from dasktune import scratch
+
+    worker_dir = tmp_path / "worker-local-dir"
+    worker_dir.mkdir()
+    monkeypatch.setattr(scratch, "_root", str(worker_dir))
+    fs, path = fsspec.filesystem("memory"), f"/ckpt-{uuid.uuid4().hex}"
+    fs.pipe(f"{path}/model.txt", b"weights")
+    remote = tune.Checkpoint(path, fs)
+    kept = remote.to_directory()
+    try:
+        assert not kept.startswith(str(worker_dir))
+        assert open(os.path.join(kept, "model.txt")).read() == "weights"
+    finally:
+        shutil.rmtree(kept)
+    with remote.as_directory() as local:
+        assert local.startswith(str(worker_dir))
+        assert open(os.path.join(local, "model.txt")).read() == "weights"
+    assert not os.listdir(worker_dir)
