@@ -41,6 +41,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import optuna
@@ -109,28 +110,35 @@ def _best_after(rows: list[tuple[float, float]], checkpoints: list[int]) -> dict
     return out
 
 
-def run_dasktune(p: Problem, seed: int, trials: int, storage: str) -> list[tuple[float, float]]:
+def run_tuner(tune_mod: Any, searcher: Any, label: str, p: Problem, trials: int,
+              storage: str, callbacks: list) -> list[tuple[float, float]]:
+    """One Tuner run, 4 in flight, written once for both frameworks: ``tune_mod`` is
+    ``dasktune`` or ``ray.tune`` (the same API), ``searcher`` its ``OptunaSearch``."""
     names = [f"x{i}" for i in range(len(p.bounds))]
 
     def objective(config: dict) -> None:
         obs, true = p.f(np.array([config[n] for n in names]))
-        tune.report({"value": obs, "true": true, "done_at": time.time()})
+        tune_mod.report({"value": obs, "true": true, "done_at": time.time()})
 
-    space = {n: tune.uniform(lo, hi) for n, (lo, hi) in zip(names, p.bounds)}
-    grid = tune.Tuner(
+    space = {n: tune_mod.uniform(lo, hi) for n, (lo, hi) in zip(names, p.bounds)}
+    grid = tune_mod.Tuner(
         objective, param_space=space,
-        tune_config=tune.TuneConfig(search_alg=OptunaSearch(seed=seed), metric="value",
-                                    mode="min", num_samples=trials,
-                                    max_concurrent_trials=IN_FLIGHT),
-        run_config=tune.RunConfig(name=f"{p.name}-{seed}", storage_path=storage, verbose=0,
-                                  callbacks=no_loggers()),
+        tune_config=tune_mod.TuneConfig(search_alg=searcher, metric="value", mode="min",
+                                        num_samples=trials, max_concurrent_trials=IN_FLIGHT),
+        run_config=tune_mod.RunConfig(name=label, storage_path=storage, verbose=0,
+                                      callbacks=callbacks),
     ).fit()
     done = sorted((r.metrics for r in grid if r.metrics and "value" in r.metrics),
                   key=lambda m: m["done_at"])
     if len(done) != trials or grid.num_errors:
-        print(f"  warning: dasktune {p.name} seed {seed}: {len(done)}/{trials} trials reported,"
-              f" {grid.num_errors} errors", file=sys.stderr)
+        print(f"  warning: {label}: {len(done)}/{trials} trials reported, "
+              f"{grid.num_errors} errors", file=sys.stderr)
     return [(m["value"], m["true"]) for m in done]
+
+
+def run_dasktune(p: Problem, seed: int, trials: int, storage: str) -> list[tuple[float, float]]:
+    return run_tuner(tune, OptunaSearch(seed=seed), f"{p.name}-{seed}", p, trials, storage,
+                     no_loggers())
 
 
 def run_ray(p: Problem, seed: int, trials: int, storage: str) -> list[tuple[float, float]]:
@@ -142,24 +150,8 @@ def run_ray(p: Problem, seed: int, trials: int, storage: str) -> list[tuple[floa
 
     if not ray.is_initialized():
         ray.init(num_cpus=IN_FLIGHT, include_dashboard=False, log_to_driver=False)
-    names = [f"x{i}" for i in range(len(p.bounds))]
-
-    def objective(config: dict) -> None:
-        obs, true = p.f(np.array([config[n] for n in names]))
-        ray_tune.report({"value": obs, "true": true, "done_at": time.time()})
-
-    space = {n: ray_tune.uniform(lo, hi) for n, (lo, hi) in zip(names, p.bounds)}
-    grid = ray_tune.Tuner(
-        objective, param_space=space,
-        tune_config=ray_tune.TuneConfig(search_alg=RayOptunaSearch(seed=seed), metric="value",
-                                        mode="min", num_samples=trials,
-                                        max_concurrent_trials=IN_FLIGHT),
-        run_config=ray_tune.RunConfig(name=f"ray-{p.name}-{seed}", storage_path=storage,
-                                      verbose=0),
-    ).fit()
-    done = sorted((r.metrics for r in grid if r.metrics and "value" in r.metrics),
-                  key=lambda m: m["done_at"])
-    return [(m["value"], m["true"]) for m in done]
+    return run_tuner(ray_tune, RayOptunaSearch(seed=seed), f"ray-{p.name}-{seed}", p, trials,
+                     storage, [])
 
 
 def run_optuna(p: Problem, seed: int, trials: int, n_jobs: int,
