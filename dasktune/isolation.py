@@ -116,8 +116,8 @@ def run_in_process(actor: TrialActor, worker_address: str) -> None:
 
     env = dict(os.environ)
     env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
-    if scratch.root():  # the child's temporary files go where Dask cleans up after a crash
-        env["TMPDIR"] = scratch.root()
+    if root := scratch.root():  # the child's temp files go where Dask cleans up after a crash
+        env["TMPDIR"] = root
     mine, theirs = socket.socketpair()
     try:
         proc = subprocess.Popen(

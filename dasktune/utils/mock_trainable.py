@@ -14,6 +14,7 @@ import os
 import time
 from typing import Any
 
+from dasktune.registry import register_trainable
 from dasktune.trainable import Trainable
 
 __all__ = ["MOCK_ERROR_KEY", "MOCK_TRAINABLE_NAME", "MyTrainableClass",
@@ -53,6 +54,4 @@ class MyTrainableClass(Trainable):
 
 def register_mock_trainable() -> None:
     """Register :class:`MyTrainableClass` as ``"mock_trainable"`` for ``Tuner("mock_trainable")``."""
-    from dasktune.registry import register_trainable
-
     register_trainable(MOCK_TRAINABLE_NAME, MyTrainableClass)
