@@ -75,7 +75,10 @@ def test_notice_retires_the_worker_and_moves_its_data(provider, body):
 
     async def run() -> None:
         async with Scheduler(host="127.0.0.1", dashboard_address=":0") as s:
-            plugin = SpotInterruptionPlugin(url=meta.url, provider=provider, interval=0.05)
+            # Each poll's HTTP timeout is min(2 s, interval): 0.25 s, not 0.05 s, so that a
+            # busy CI machine does not time out the IMDSv2 token request (a poll without
+            # its token, which the server refuses).
+            plugin = SpotInterruptionPlugin(url=meta.url, provider=provider, interval=0.25)
             async with Worker(s.address, nthreads=1, plugins={plugin}) as spot, \
                     Worker(s.address, nthreads=1) as other, \
                     Client(s.address, asynchronous=True) as client:
