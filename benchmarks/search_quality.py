@@ -4,14 +4,19 @@ On Branin (2-d), Hartmann-6 and a noisy 10-d quadratic, each method runs ``--tri
 per seed and records the best value found after 50 and 200 trials (or the ``--checkpoints``
 given); dasktune keeps 4 trials in flight. Methods:
 
-- ``dasktune``: ``tune.Tuner`` + ``OptunaSearch(seed=s)`` (TPE, constant liar), 4 in flight;
-- ``optuna``: ``study.optimize`` sequentially, the same TPE sampler;
-- ``optuna-n4``: ``study.optimize(n_jobs=4)`` (4 threads), the same sampler; with a
+- ``dasktune``: ``tune.Tuner`` + ``OptunaSearch(seed=s)`` with its default sampler, 4 in
+  flight: Optuna's TPE (constant liar) with 24 × k EI candidates while k trials are in
+  flight (``InFlightTPESampler``; with one in flight it is exactly Optuna's TPE);
+- ``optuna``: ``study.optimize`` sequentially, Optuna's ``TPESampler(seed=s,
+  constant_liar=True)`` (24 EI candidates), the reference;
+- ``optuna-n4``: ``study.optimize(n_jobs=4)`` (4 threads), Optuna's TPE; with a
   microsecond objective the threads rarely overlap (about 1.7 others running per ask, against
   dasktune's 3), so this is less parallel than 4 in flight;
 - ``optuna-ask4``: Optuna ask-and-tell with exactly 4 asked and not told at each ask (the
-  oldest told first), the same sampler: TPE at dasktune's concurrency, without dasktune;
+  oldest told first), Optuna's TPE: its own sampler at dasktune's concurrency;
 - ``random``: Optuna's ``RandomSampler``;
+- ``inflight-ask4`` (only when asked for): the ``optuna-ask4`` loop with dasktune's
+  ``InFlightTPESampler``: the sampler alone, without dasktune's driver;
 - ``ray`` (only with ``--method ray``; ``pip install 'dasktune[bench]'``): Ray Tune's own
   ``OptunaSearch(seed=s)``, 4 in flight, the same TPE: where a Ray Tune user starts from.
 
@@ -50,10 +55,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "sca
 from _common import no_loggers  # noqa: E402
 
 import dasktune as tune  # noqa: E402
-from dasktune.search.optuna import OptunaSearch  # noqa: E402
+from dasktune.search.optuna import InFlightTPESampler, OptunaSearch  # noqa: E402
 
 METHODS = ("dasktune", "optuna", "optuna-n4", "optuna-ask4", "random")
-EXTRA_METHODS = ("ray",)  # only when asked for (--method ray): Ray is an optional extra
+EXTRA_METHODS = ("ray", "inflight-ask4")  # only when asked for (Ray is an optional extra)
 IN_FLIGHT = 4
 
 
@@ -200,6 +205,8 @@ def run_one(method: str, p: Problem, seed: int, trials: int, storage: str
         return run_ray(p, seed, trials, storage)
     if method == "random":
         return run_optuna(p, seed, trials, 1, optuna.samplers.RandomSampler(seed=seed))
+    if method == "inflight-ask4":
+        return run_optuna_ask_tell(p, trials, IN_FLIGHT, InFlightTPESampler(seed=seed))
     sampler = optuna.samplers.TPESampler(seed=seed, constant_liar=True)
     if method == "optuna-ask4":
         return run_optuna_ask_tell(p, trials, IN_FLIGHT, sampler)

@@ -16,7 +16,7 @@ import dasktune as tune
 from dasktune import space as sp
 from dasktune.search import ConcurrencyLimiter, Repeater, SearchGenerator
 from dasktune.search._base import Suggestion
-from dasktune.search.optuna import OptunaSearch
+from dasktune.search.optuna import InFlightTPESampler, OptunaSearch
 from dasktune.search.testing import check_searcher
 from dasktune.trial import ERROR, TERMINATED, Trial
 
@@ -88,7 +88,18 @@ def test_single_objective_samplers_with_trials_in_flight(sampler):
 def test_default_sampler_is_tpe_with_constant_liar():
     searcher = OptunaSearch(SPACE, metric="loss", mode="min", seed=3)
     sampler = searcher.study.sampler
-    assert isinstance(sampler, optuna.samplers.TPESampler) and sampler._constant_liar
+    assert isinstance(sampler, InFlightTPESampler) and repr(sampler).startswith(
+        "InFlightTPESampler(seed=3,")
+    # with one trial in flight it is Optuna's own seeded TPE (constant liar is its default)
+    plain = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=3, constant_liar=True))
+    for i in range(14):  # past the 10 random startup trials
+        config = searcher.suggest(f"t{i}")
+        twin = plain.ask({"x": optuna.distributions.FloatDistribution(-5, 5),
+                          "y": optuna.distributions.FloatDistribution(-5, 5)})
+        assert config == twin.params
+        searcher.on_trial_complete(f"t{i}", {"loss": loss(config)})
+        plain.tell(twin, loss(config))
+    searcher = OptunaSearch(SPACE, metric="loss", mode="min", seed=3)
     twin = OptunaSearch(SPACE, metric="loss", mode="min", seed=3)
     assert twin.suggest("t0") == searcher.suggest("t0")  # seeded
 
@@ -298,6 +309,7 @@ def test_state_restore_with_sqlite_and_save_to_dir(tmp_path):
 
 
 SAMPLERS_TO_PICKLE = {
+    "default": (lambda: None, "loss", "min"),
     "tpe": (lambda: optuna.samplers.TPESampler(seed=0), "loss", "min"),
     # GA samplers hold a threading.Lock, which plain pickling refuses
     "nsga2": (lambda: optuna.samplers.NSGAIISampler(seed=0, population_size=4),

@@ -29,8 +29,9 @@ from optuna.trial import TrialState
 
 from dasktune import space as sp
 from dasktune.search._base import Searcher
+from dasktune.search._inflight_tpe import InFlightTPESampler
 
-__all__ = ["OptunaSearch"]
+__all__ = ["InFlightTPESampler", "OptunaSearch"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +72,10 @@ class OptunaSearch(Searcher):
             None: take the Tuner's ``param_space``.
         metric, mode: what to optimize; lists for multi-objective (e.g. NSGA-II).
         points_to_evaluate: configs to try first (enqueued in the study).
-        sampler: an Optuna sampler; default ``TPESampler(seed=seed, constant_liar=True)``,
-            the liar keeping concurrent trials apart.
+        sampler: an Optuna sampler. The default is Optuna's TPE with the constant liar (which
+            keeps concurrent trials apart), searching ``24 × k`` EI candidates per ask while
+            ``k`` trials are in flight (up to 8, :class:`InFlightTPESampler`); with one trial
+            in flight it is exactly ``TPESampler(seed=seed)``.
         seed: the default sampler's seed.
         evaluated_rewards: results of ``points_to_evaluate`` already known; those points are
             added as completed trials instead of being run.
@@ -176,7 +179,7 @@ class OptunaSearch(Searcher):
             return self._sampler
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.samplers.TPESampler(seed=self._seed, constant_liar=True)
+            return InFlightTPESampler(seed=self._seed)
 
     def _resolved_storage(self) -> optuna.storages.BaseStorage | str | None:
         storage = self._storage
