@@ -4,9 +4,10 @@ With ``k`` trials in flight each ask is made without the last ``k - 1`` results,
 constant liar (the pending trials counted in TPE's "bad" group) pushes each new point away
 from the pending ones: more exploration than sequential TPE does. Drawing more EI candidates
 per ask counters that, since the pick within the "good" density is sharper. Measured in
-``benchmarks/README_search.md`` (Optuna ask-and-tell, 50-100 seeds): ``24 × k`` candidates
-is as good or better than Optuna's 24 at 2, 4 and 8 in flight on Branin, Hartmann-6 and a
-10-d quadratic, and at 4 in flight closes most of the quadratic's gap to sequential TPE.
+``benchmarks/README_search.md`` (Optuna ask-and-tell, 50-100 seeds): ``24 × k``
+candidates is about even with or better than Optuna's 24 at 2, 4 and 8 in flight on Branin,
+Hartmann-6 and a 10-d quadratic, and at 4 in flight closes most of the quadratic's gap to
+sequential TPE.
 With one trial in flight this is exactly Optuna's ``TPESampler``.
 """
 
