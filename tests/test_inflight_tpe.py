@@ -70,4 +70,3 @@ def test_bad_arguments_fail_at_construction():
         InFlightTPESampler(max_scale=0)
     with pytest.raises(TypeError):
         InFlightTPESampler(not_a_tpe_argument=1)
-

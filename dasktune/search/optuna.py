@@ -18,7 +18,6 @@ import logging
 import math
 import pickle
 import threading
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -177,9 +176,7 @@ class OptunaSearch(Searcher):
     def _make_sampler(self) -> optuna.samplers.BaseSampler:
         if self._sampler is not None:
             return self._sampler
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return InFlightTPESampler(seed=self._seed)
+        return InFlightTPESampler(seed=self._seed)
 
     def _resolved_storage(self) -> optuna.storages.BaseStorage | str | None:
         storage = self._storage
