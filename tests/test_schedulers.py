@@ -48,7 +48,7 @@ def test_exports_and_create_scheduler():
     with pytest.raises(ValueError, match="unknown scheduler 'nope'"):
         create_scheduler("nope")
     with pytest.raises(ValueError, match="not available"):
-        create_scheduler("pb2")
+        create_scheduler("hb_bohb")
     assert isinstance(SimpleContext(), SchedulerContext)
     assert TrialScheduler.CONTINUE == "CONTINUE" and TrialScheduler.NOOP == "NOOP"
 

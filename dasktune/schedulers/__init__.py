@@ -13,6 +13,7 @@ from dasktune.schedulers._base import Exploit, SchedulerContext, TrialScheduler
 from dasktune.schedulers._fifo import FIFOScheduler
 from dasktune.schedulers._hyperband import HyperBandScheduler
 from dasktune.schedulers._median_stopping import MedianStoppingRule
+from dasktune.schedulers._pb2 import PB2
 from dasktune.schedulers._pbt import PopulationBasedTraining
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "FIFOScheduler",
     "HyperBandScheduler",
     "MedianStoppingRule",
+    "PB2",
     "PopulationBasedTraining",
     "SchedulerContext",
     "TrialScheduler",
@@ -37,9 +39,10 @@ SCHEDULER_IMPORT: dict[str, type[TrialScheduler]] = {
     "medianstopping": MedianStoppingRule,
     "hyperband": HyperBandScheduler,
     "pbt": PopulationBasedTraining,
+    "pb2": PB2,
 }
-# Ray's names that dasktune does not provide (BOHB, PB2 and resource changing need more).
-_UNAVAILABLE = ("hb_bohb", "pbt_replay", "pb2", "resource_changing")
+# Ray's names that dasktune does not provide (BOHB and resource changing need more).
+_UNAVAILABLE = ("hb_bohb", "pbt_replay", "resource_changing")
 
 
 def create_scheduler(scheduler: str, **kwargs: Any) -> TrialScheduler:
