@@ -45,6 +45,7 @@ SCRIPTS = {
     "logging_example": "Best hyperparameters:",
     "custom_checkpointing_with_callback": "Best hyperparameters:",
     "custom_func_checkpointing": "Best checkpoint:",
+    "pb2_example": "Best hyperparameters found were:",
 }
 
 # The import change, and only that: each rule rewrites whole import lines.
@@ -52,6 +53,9 @@ IMPORT_CHANGE = [
     (re.compile(r"^from ray import tune$"), "import dasktune as tune"),
     (re.compile(r"^import ray$"), "import dasktune as ray"),  # ray.init / ray.shutdown
     (re.compile(r"^from ray\.tune import "), "from dasktune import "),
+    # Another of Ray's examples (pb2_example uses pbt_function's trainable): its import-changed
+    # copy, written next to the script, as a user copies both.
+    (re.compile(r"^from ray\.tune\.examples\.(\w+) import "), r"from \1 import "),
     (re.compile(r"^from ray\.tune\.([\w.]+) import "), r"from dasktune.\1 import "),
 ]
 
@@ -90,8 +94,13 @@ def import_change(source: str) -> str:
 
 
 def run_script(name: str, folder: Path) -> subprocess.CompletedProcess[str]:
+    folder = folder / name  # its own folder: the examples it imports are copied next to it
+    folder.mkdir()
     script = folder / f"{name}.py"
-    script.write_text(import_change((EXAMPLES / f"{name}.py").read_text()))
+    source = (EXAMPLES / f"{name}.py").read_text()
+    script.write_text(import_change(source))
+    for other in re.findall(r"^from ray\.tune\.examples\.(\w+) import ", source, re.M):
+        (folder / f"{other}.py").write_text(import_change((EXAMPLES / f"{other}.py").read_text()))
     home = folder / f"{name}-home"  # Ray's default storage path is under ~: keep it here
     home.mkdir()
     env = {**os.environ, "HOME": str(home), "PYTHONDONTWRITEBYTECODE": "1"}
