@@ -58,7 +58,9 @@ def test_exports_and_create_scheduler():
     ("async_hyperband", ["AsyncHyperBandScheduler", "ASHAScheduler"]),
     ("hyperband", ["HyperBandScheduler"]),
     ("median_stopping_rule", ["MedianStoppingRule"]),
-    ("pbt", ["PopulationBasedTraining"]),
+    ("pbt", ["PopulationBasedTraining", "PopulationBasedTrainingReplay"]),
+    ("pb2", ["PB2"]),
+    ("resource_changing_scheduler", ["ResourceChangingScheduler"]),
 ])
 def test_rays_submodule_paths(module, names):
     """``from ray.tune.schedulers.pbt import ...`` translates to ``dasktune.schedulers.pbt``."""

@@ -148,6 +148,11 @@ class PopulationBasedTraining(TrialScheduler):
                 result: dict[str, Any]) -> str | Exploit:
         self._require_metric()
         name = type(self).__name__
+        if result.get("done"):
+            # Its last result (a stop criterion or the trainable ended it): Ray's driver does
+            # not ask the scheduler then, so no exploit is decided (and logged) that the
+            # driver would override with the stop.
+            return self.CONTINUE
         if not self._require_attrs and (self._time_attr not in result
                                         or self._metric not in result):
             return self.CONTINUE
