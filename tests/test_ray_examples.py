@@ -56,7 +56,8 @@ IMPORT_CHANGE = [
     # Another of Ray's examples (pb2_example uses pbt_function's trainable): its import-changed
     # copy, written next to the script, as a user copies both.
     (re.compile(r"^from ray\.tune\.examples\.(\w+) import "), r"from \1 import "),
-    (re.compile(r"^from ray\.tune\.([\w.]+) import "), r"from dasktune.\1 import "),
+    # Indented too: xgboost_dynamic_resources_example imports under ``if TYPE_CHECKING:``.
+    (re.compile(r"^(\s*)from ray\.tune\.([\w.]+) import "), r"\1from dasktune.\2 import "),
 ]
 
 

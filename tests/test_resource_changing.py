@@ -111,6 +111,11 @@ def test_a_custom_function_rays_context_and_errors():
         return PlacementGroupFactory([{"CPU": 1.5}])
 
     assert allocate(half_of_the_cluster, ctx, trials[0]) == Reconfigure(resources={"CPU": 1.5})
+    # A trial runs on one worker: a request beyond the largest one is cut down to it.
+    assert allocate(lambda *a: {"CPU": 8}, Cluster(trials, [{"CPU": 2}, {"CPU": 3}]),
+                    trials[0]) == Reconfigure(resources={"CPU": 3.0})
+    assert allocate(lambda *a: {"CPU": 2, "GPU": 1}, Cluster(trials, [{"CPU": 3}]),
+                    trials[0]) == "CONTINUE"  # no worker has a GPU: left as it is
     assert allocate(lambda *a: None, ctx, trials[0]) == "CONTINUE"
     odd = Trial(trial_id="odd", config={})
     odd.resources = {"CPU": 2.0}

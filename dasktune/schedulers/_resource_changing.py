@@ -219,8 +219,8 @@ class ResourceChangingScheduler(TrialScheduler):
     ``tune_controller`` here is the scheduler context: ``get_live_trials()``,
     ``worker_resources()`` and Ray's ``_resource_updater.get_num_cpus()`` / ``get_num_gpus()``
     (the cluster's totals, busy or not). All trials must start with the same resources
-    (:attr:`base_trial_resources`). A trial runs on one worker, so the built-in allocation
-    functions never give one more than the largest worker offers.
+    (:attr:`base_trial_resources`). A trial runs on one worker, so a request beyond what
+    the largest worker offers is cut down to it (Ray can spread bundles over nodes).
     """
 
     def __init__(self, base_scheduler: TrialScheduler | None = None,
@@ -337,7 +337,25 @@ class ResourceChangingScheduler(TrialScheduler):
         if not isinstance(new, Mapping):
             raise TypeError(f"resources_allocation_function must return a "
                             f"PlacementGroupFactory, a resource dict or None, got {new!r}")
-        request = normalize_request(new)
-        if request == normalize_request(trial.resources):
+        request = self._fit_one_worker(tune_controller, normalize_request(new))
+        if request is None or request == normalize_request(trial.resources):
             return None
         return request
+
+    @staticmethod
+    def _fit_one_worker(ctx: SchedulerContext, request: dict[str, float]
+                        ) -> dict[str, float] | None:
+        """``request`` cut down to what the largest worker offers of each resource (a trial
+        runs on one worker, where Ray may spread bundles over nodes), or None if no worker
+        can hold the result."""
+        workers = _workers(ctx)
+        if not workers:
+            return request  # none yet: an elastic cluster may add some
+        most = {k: max(w.get(k, 0.0) for w in workers) for k in request}
+        cut = {k: min(v, most[k]) if most[k] > 0 else v for k, v in request.items()}
+        if not any(all(w.get(k, 0.0) >= v for k, v in cut.items() if v > 0) for w in workers):
+            return None
+        if cut != request:
+            logger.info("ResourceChangingScheduler: %s cut to %s, what one worker offers",
+                        request, cut)
+        return cut
