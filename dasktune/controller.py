@@ -820,9 +820,10 @@ class TuneController:
             return
         if decision == TrialScheduler.PAUSE or isinstance(decision, Reconfigure):
             self._action[tid] = _PAUSING
-            if isinstance(decision, Reconfigure):  # applied once paused (_on_finished)
+            if isinstance(decision, Reconfigure):  # applied once it stopped (_on_finished)
                 self._reconfigure[tid] = decision
-                self._action[tid] = _RECONFIGURING if checkpointed else _PAUSING
+                if checkpointed:
+                    self._action[tid] = _RECONFIGURING
             # This very result came with a checkpoint: pause right here (as Ray does, at
             # the milestone), not after one more iteration and checkpoint.
             self.executor.stop(tid, checkpoint=not checkpointed)

@@ -189,3 +189,25 @@ def test_the_top_trial_gets_the_free_cpus_and_sees_them(dask_processes, connect,
     # The other trial kept its 1 CPU while the top one was running.
     top_end = top["timestamp"].max()
     assert set(other[other["timestamp"] < top_end]["cpus"]) == {1.0}
+
+
+def test_state_round_trips_with_the_wrapped_schedulers(tmp_path):
+    trials = trials_on(2, scores=[0.1, 0.9])
+    ctx = Cluster(trials, [{"CPU": 4}])
+    sched = ResourceChangingScheduler(
+        ASHAScheduler(metric="acc", mode="max", max_t=10),
+        DistributeResourcesToTopJob())
+    for t in trials:
+        sched.on_trial_add(ctx, t)
+    assert sched.on_trial_result(ctx, trials[1], {"training_iteration": 1, "acc": 0.9}) == \
+        Reconfigure(resources={"CPU": 3.0})
+    sched.save(str(tmp_path / "rcs.pkl"))
+    fresh = ResourceChangingScheduler(ASHAScheduler(metric="acc", mode="max", max_t=10),
+                                      DistributeResourcesToTopJob())
+    fresh.restore(str(tmp_path / "rcs.pkl"))
+    mine, theirs = fresh.get_state(), sched.get_state()
+    assert mine.pop("_base")["_trial_bracket"] == theirs.pop("_base")["_trial_bracket"]
+    assert mine == theirs and mine["_reallocated_trial_ids"] == {"t1"}
+    assert fresh.base_trial_resources.required_resources == {"CPU": 1.0}
+    trials[1].resources = {"CPU": 3.0}  # as the driver left it; a restore re-adds it
+    fresh.on_trial_add(ctx, trials[1])
