@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import click
 
+from dasktune import __version__
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "-V", "--version", prog_name="dasktune")
 @click.option("--verbose", is_flag=True, help="Show full tracebacks on errors.")
 @click.pass_context
 def main(ctx: click.Context, verbose: bool) -> None:
