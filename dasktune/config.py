@@ -305,6 +305,7 @@ class RunConfig:
 
     @property
     def resolved_storage_path(self) -> str:
+        """``storage_path``, else ``$DASKTUNE_RESULTS_DIR``, else ``~/dasktune_results``."""
         path = self.storage_path or os.environ.get("DASKTUNE_RESULTS_DIR") or "~/dasktune_results"
         return path
 

@@ -143,22 +143,27 @@ class ResultGrid:
     # -------------------------------------------------------------- summary
     @property
     def experiment_path(self) -> str:
+        """The experiment folder's path or URI."""
         return self._storage.uri if self._storage else ""
 
     @property
     def filesystem(self) -> Any:
+        """The fsspec filesystem the experiment is stored on."""
         return self._storage.fs if self._storage else None
 
     @property
     def errors(self) -> list[Exception]:
+        """The exceptions of the trials that ended in error."""
         return [r.error for r in self._results if r.error is not None]
 
     @property
     def num_errors(self) -> int:
+        """How many trials ended in error."""
         return sum(1 for t in self._trials if t.status == ERROR)
 
     @property
     def num_terminated(self) -> int:
+        """How many trials ended without an error."""
         return sum(1 for t in self._trials if t.status == TERMINATED)
 
     # -------------------------------------------------------------- best

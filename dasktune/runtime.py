@@ -266,6 +266,7 @@ def shutdown() -> None:
 
 
 def is_initialized() -> bool:
+    """Whether ``dasktune.init`` has connected a client that is still open."""
     return _client is not None
 
 

@@ -17,6 +17,7 @@ class Stopper:
         return False
 
     def stop_all(self) -> bool:
+        """Whether the whole experiment should stop now."""
         return False
 
 
@@ -62,6 +63,7 @@ class TimeoutStopper(Stopper):
         self._start = time.monotonic()
 
     def stop_all(self) -> bool:
+        """Whether the whole experiment should stop now."""
         return time.monotonic() - self._start >= self._timeout
 
 
@@ -105,6 +107,7 @@ class CombinedStopper(Stopper):
         return any(s(trial_id, result) for s in self._stoppers)
 
     def stop_all(self) -> bool:
+        """Whether the whole experiment should stop now."""
         return any(s.stop_all() for s in self._stoppers)
 
 

@@ -57,22 +57,27 @@ class Trainable:
 
     @property
     def training_iteration(self) -> int:
+        """How many times ``step`` has returned."""
         return self._iteration
 
     @property
     def trial_id(self) -> str:
+        """The trial's id."""
         return self._trial_id
 
     @property
     def trial_name(self) -> str:
+        """The trial's name."""
         return self._trial_name
 
     @property
     def logdir(self) -> str:
+        """The trial's local working folder."""
         return self._logdir
 
     @property
     def trial_resources(self) -> dict[str, Any]:
+        """The resources the trial was started with."""
         return self._trial_resources
 
     # ------------------------------------------------------------ user hooks
@@ -194,6 +199,7 @@ class Trainable:
         return bool(self.reset_config(copy.deepcopy(new_config)))
 
     def stop(self) -> None:
+        """Release the trainable's resources (calls ``cleanup``)."""
         self.cleanup()
 
 

@@ -26,7 +26,7 @@ def listed_modules() -> list[str]:
     return [line for line in lines if line]
 
 
-def _exists(name: str) -> bool:
+def exists(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
     except ModuleNotFoundError:  # a parent package is missing
@@ -35,7 +35,7 @@ def _exists(name: str) -> bool:
 
 def public_modules() -> list[ModuleType]:
     """The listed modules that exist here, imported (an import error propagates)."""
-    return [importlib.import_module(name) for name in listed_modules() if _exists(name)]
+    return [importlib.import_module(name) for name in listed_modules() if exists(name)]
 
 
 def public_names(module: ModuleType) -> list[str]:
@@ -71,7 +71,7 @@ def write_api_pages(docs: pathlib.Path) -> None:
     first: dict[int, str] = {}
     pages = []
     for name in listed_modules():
-        if not _exists(name):
+        if not exists(name):
             print(f"apigen: {name} is listed but does not exist here; left out", file=sys.stderr)
             continue
         module = importlib.import_module(name)

@@ -75,6 +75,7 @@ class ClusterProvider(abc.ABC):
     # -- common, through a client ---------------------------------------------------------
     @property
     def address(self) -> str:
+        """The running cluster's scheduler address (an error if it is not up)."""
         address = self.state.read().get("scheduler_address")
         if not address:
             raise ValueError(f"cluster {self.name!r} has no scheduler address yet (up failed?)")
@@ -104,6 +105,7 @@ class ClusterProvider(abc.ABC):
         return env
 
     def connect(self, timeout: float = 10.0) -> Client:
+        """A ``distributed.Client`` connected to the running cluster."""
         from distributed import Client
 
         try:
@@ -114,9 +116,11 @@ class ClusterProvider(abc.ABC):
                              f"does not answer ({e})") from None
 
     def dashboard_url(self) -> str | None:
+        """The Dask dashboard's address, if the cluster published one."""
         return self.state.read().get("dashboard_url")
 
     def workers(self) -> list[WorkerInfo]:
+        """The cluster's workers as the scheduler sees them."""
         with self.connect() as client:
             info = client.scheduler_info(n_workers=-1)["workers"]
         return [WorkerInfo(name=str(w.get("name")), address=addr, nthreads=w.get("nthreads"),

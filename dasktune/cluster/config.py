@@ -154,10 +154,12 @@ class ClusterConfig(_Strict):
 
     @property
     def head(self) -> NodeType:
+        """The head node type's settings."""
         return self.available_node_types[self.head_node_type]
 
     @property
     def worker(self) -> NodeType:
+        """The worker node type's settings."""
         return self.available_node_types[self.worker_type_name]
 
     def node_config(self, node_type: str) -> Any:
@@ -167,6 +169,7 @@ class ClusterConfig(_Strict):
 
     @property
     def adaptive(self) -> bool:
+        """Whether the cluster scales between ``min_workers`` and ``max_workers``."""
         return self.max_workers > self.min_workers
 
 

@@ -354,4 +354,5 @@ class LocalProvider(ClusterProvider):
             return f.read(), _alive(rec)
 
     def jobs(self) -> list[tuple[str, bool]]:
+        """The submitted driver jobs and whether each is still running."""
         return [(r["job"], _alive(r)) for r in self.state.read().get("jobs", [])]

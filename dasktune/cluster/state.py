@@ -31,6 +31,7 @@ class ClusterState:
         self.dir = clusters_dir() / name
 
     def exists(self) -> bool:
+        """Whether the cluster's state file exists."""
         return self.path.exists()
 
     def ensure_dir(self) -> Path:
@@ -60,6 +61,7 @@ class ClusterState:
         os.replace(tmp, self.path)
 
     def update(self, **changes: Any) -> dict[str, Any]:
+        """Merge ``changes`` into the state file and return the new state."""
         state = self.read() if self.exists() else {}
         state.update(changes)
         self.write(state)

@@ -202,6 +202,7 @@ class DashboardState:
         return [v.experiment_id for v in views]
 
     def version(self, experiment_id: str | None) -> int:
+        """A counter that grows whenever the experiment's view changes (-1 for an unknown one)."""
         with self._lock:
             view = self._experiments.get(experiment_id) if experiment_id else None
             return -1 if view is None else view.version

@@ -128,6 +128,7 @@ class StaticDashboard:
 
     @property
     def url(self) -> str:
+        """The page's address."""
         host = "127.0.0.1" if self.address in ("", "0.0.0.0") else self.address
         return f"http://{host}:{self.port}/dasktune"
 

@@ -29,12 +29,15 @@ class SimpleContext:
         self._clock = clock or (lambda: 0.0)
 
     def get_trials(self) -> list[Trial]:
+        """All trials the test added."""
         return self.trials
 
     def get_live_trials(self) -> list[Trial]:
+        """The trials that have not finished."""
         return [t for t in self.trials if not t.is_finished]
 
     def time(self) -> float:
+        """The test's clock, in seconds."""
         return self._clock()
 
 
