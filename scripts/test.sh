@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything the test suite needs on a fresh machine, then runs it.
 #   bash scripts/test.sh [pytest args]
-# Creates .venv (Python >= 3.10), installs dasktune with its test extras and the CPU
-# build of torch, installs Debian's chromium for the dashboard's browser test when
+# Creates .venv (Python >= 3.10), installs dasktune with its test, docs and release
+# extras and the CPU build of torch, installs Debian's chromium for the dashboard's browser test when
 # running as root, unpacks Ray Tune's example scripts (not Ray) for the test that runs
 # them on dasktune, and runs pytest.
 set -euo pipefail
@@ -15,7 +15,7 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 # CPU torch first, so nothing later pulls a multi-GB CUDA build.
 .venv/bin/python -m pip install -q "torch==2.13.0" || echo "warning: torch not installed; its tests skip"
-.venv/bin/python -m pip install -q -e ".[test,s3]"
+.venv/bin/python -m pip install -q -e ".[test,s3,docs,release]"
 
 if ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
