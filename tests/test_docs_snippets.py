@@ -7,7 +7,8 @@ an address connects to), so each does not pay for starting its own. A block that
 run here (it needs a cluster, a GPU or a cloud account) is preceded by the line
 ``<!-- snippet: skip (REASON) -->``, and the test reports it as skipped with that reason.
 Fenced ``bash`` blocks are checked where that is safe: each ``dasktune ...`` line must parse
-against the real command (subcommand, options and arguments; nothing is run), and each
+against the real command (subcommand, options and arguments; nothing is run), each
+``python some/script.py`` must name a script of the checkout, and each
 ``DASK_DASKTUNE__...`` variable must name an existing setting. Keep snippets small (tiny
 ``num_samples``, few iterations): the whole file runs in about a minute.
 """
@@ -102,6 +103,9 @@ def test_bash_snippet_commands_exist(code, monkeypatch):
                         key = name[len("DASK_"):].lower().replace("__", ".").replace("_", "-")
                         sentinel = object()
                         assert dask.config.get(key, sentinel) is not sentinel, f"{name}: no such setting"
+            elif words[0].endswith(("python", "python3")) and len(words) > 1 \
+                    and words[1].endswith(".py"):
+                assert (ROOT / words[1]).is_file(), f"{part.strip()!r}: no such script"
             elif words[0] == "dasktune":
                 try:
                     _check_dasktune_line(words[1:])
