@@ -27,18 +27,7 @@ import cloudpickle
 from dasktune import _dask_config
 from dasktune.callback import Callback, CallbackList
 from dasktune.checkpoint import Checkpoint
-from dasktune.executor import (
-    FINISHED,
-    LOST,
-    REPORTS,
-    START_FAILED,
-    STARTED,
-    UNQUEUED,
-    WORKER_ADDED,
-    WORKER_LOST,
-    WORKER_RETIRING,
-    ExecEvent,
-)
+from dasktune.execution import EventKind, ExecEvent, Executor, Report
 from dasktune.logger import EXPR_ERROR_FILE
 from dasktune.result import EARLY_STOPPED, SHOULD_CHECKPOINT
 from dasktune.results import AUTO_RESULT_KEYS, TuneError
@@ -50,7 +39,6 @@ if TYPE_CHECKING:
     from concurrent.futures import Future
 
     from dasktune.config import CheckpointConfig, FailureConfig, TuneConfig
-    from dasktune.executor import DaskExecutor
     from dasktune.schedulers import TrialScheduler
     from dasktune.search import SearchAlgorithm
     from dasktune.stopper import Stopper
@@ -106,7 +94,7 @@ class TuneController:
         storage: ExperimentStorage,
         search_alg: SearchAlgorithm,
         scheduler: TrialScheduler,
-        executor: DaskExecutor,
+        executor: Executor,
         callbacks: list[Callback],
         stopper: Stopper,
         stop_dict: dict[str, Any] | None,
@@ -122,7 +110,6 @@ class TuneController:
         save_state: Callable[..., Future[float] | None] | None = None,
         can_scale: bool = False,
         reporter: Any = None,
-        path_check: Any = None,
         tune_config: TuneConfig | None = None,
     ):
         self.trainable = trainable
@@ -159,8 +146,6 @@ class TuneController:
             self._index(trial, None)
         self._save_state = save_state
         self._can_scale = can_scale
-        # Local storage: workers that join later are checked before their first trial.
-        self._path_check = path_check
         self._reporter = reporter
         self._ctx = _Context(self)
         self._action: dict[str, str] = {}
@@ -199,8 +184,7 @@ class TuneController:
         # waiting trial instead.
         self._queue_next = bool(_dask_config.get("executor.queue-next")) and \
             type(scheduler) is FIFOScheduler and not can_scale and \
-            bool(getattr(search_alg, "suggests_ahead", False)) and \
-            hasattr(executor, "queue_after")
+            bool(getattr(search_alg, "suggests_ahead", False)) and executor.can_queue
         # A scheduler that picks which waiting trial runs next (PBT, HyperBand, median
         # stopping) must see the population, not only the trials that had a free slot:
         # with a searcher that suggests ahead, keep up to this many trials PENDING, as
@@ -262,7 +246,7 @@ class TuneController:
             else 0.2
         for event in self.executor.events(timeout):
             self._on_event(event)
-            if event.kind != REPORTS:
+            if event.kind is not EventKind.REPORTS:
                 # A slot may have freed: refill it now, not after the rest of a long
                 # queue of reports from other trials.
                 self._fill_slots()
@@ -526,12 +510,6 @@ class TuneController:
 
     def _try_start(self, trial: Trial) -> bool:
         worker = self.executor.place(trial.resources)
-        while worker is not None and self._path_check is not None and \
-                self._path_check.blind([worker]):
-            logger.warning("worker %s cannot see the storage folder %s (another host or "
-                           "mount): no trials will run on it", worker, self.storage.uri)
-            self.executor.exclude(worker)
-            worker = self.executor.place(trial.resources)
         if worker is None:
             why = self.executor.can_ever_fit(trial.resources)
             if why is not None and not self._can_scale:
@@ -631,13 +609,13 @@ class TuneController:
 
     # ------------------------------------------------------------- events
     def _on_event(self, event: ExecEvent) -> None:
-        if event.kind == WORKER_LOST:
-            self.executor.lose_worker(event.info["worker"])
+        if event.kind is EventKind.WORKER_LOST:
+            self.executor.lose_worker(event.worker)
             return
-        if event.kind == WORKER_ADDED:
+        if event.kind is EventKind.WORKER_ADDED:
             return  # the step refills slots after any event but reports
-        if event.kind == WORKER_RETIRING:
-            addr = event.info["worker"]
+        if event.kind is EventKind.WORKER_RETIRING:
+            addr = event.worker
             moved = self.move_trials_off(addr)
             logger.info("worker %s is retiring: moving trials %s", addr, moved)
             self._retiring.add(addr)
@@ -648,7 +626,7 @@ class TuneController:
             logger.debug("dropping %s from stale attempt %s of %s", event.kind, event.attempt,
                          event.trial_id)
             return
-        if event.kind == UNQUEUED:
+        if event.kind is EventKind.UNQUEUED:
             tid = trial.trial_id
             self._unqueuing.discard(tid)
             self._need_next.discard(tid)
@@ -664,15 +642,15 @@ class TuneController:
                     self._extend_line(ahead)
             self._dirty = True  # PENDING again, to start in the next free slot
             return
-        if event.kind in (FINISHED, LOST, START_FAILED):
+        if event.kind in (EventKind.FINISHED, EventKind.LOST, EventKind.START_FAILED):
             self._need_next.discard(trial.trial_id)
             self._behind.pop(trial.trial_id, None)
-        if event.kind == STARTED:
+        if event.kind is EventKind.STARTED:
             if trial.trial_id in self._queued:
-                self._on_queued_started(trial, event.info)
+                self._on_queued_started(trial, event)
             elif trial.placements:
                 p = trial.placements[-1]
-                p.host = event.info.get("host", p.host)
+                p.host = event.host or p.host
             if self._queue_next and trial.status == RUNNING:
                 self._extend_line(trial.trial_id)
             self.callbacks.on_trial_start(iteration=self._iteration, trials=self.trials,
@@ -680,26 +658,26 @@ class TuneController:
             if trial.checkpoint and trial.attempt > 1:
                 self.callbacks.on_trial_restore(iteration=self._iteration, trials=self.trials,
                                                 trial=trial)
-        elif event.kind in (REPORTS, FINISHED):
+        elif event.kind in (EventKind.REPORTS, EventKind.FINISHED):
             self._on_reports(trial, event.reports)
-            if event.kind == FINISHED:
+            if event.kind is EventKind.FINISHED:
                 self._on_finished(trial, event.error)
-        elif event.kind == LOST:
+        elif event.kind is EventKind.LOST:
             self._on_lost(trial, event.error or "worker lost")
-        elif event.kind == START_FAILED:
+        elif event.kind is EventKind.START_FAILED:
             self._end_placement(trial, "error")
             self.executor.release(trial.trial_id)
             self._on_user_error(trial, event.error or "trial actor failed to start")
 
-    def _on_queued_started(self, trial: Trial, info: dict[str, Any]) -> None:
+    def _on_queued_started(self, trial: Trial, event: ExecEvent) -> None:
         """A queued trial took over its predecessor's actor: it runs now."""
         self._unqueuing.discard(trial.trial_id)
         behind = self._queued.pop(trial.trial_id)
         self._behind.pop(behind, None)
         self._set_status(trial, RUNNING)
-        worker = info.get("worker", "")
+        worker = event.worker
         trial.placements.append(Placement(attempt=trial.attempt, worker=worker,
-                                          host=info.get("host", ""), start=time.time()))
+                                          host=event.host, start=time.time()))
         self._dirty = True
         if self._stop_all:  # taken back too late: stop it (left resumable at shutdown)
             self._action[trial.trial_id] = _STOPPING
@@ -708,9 +686,9 @@ class TuneController:
             self._action[trial.trial_id] = _REQUEUE
             self.executor.stop(trial.trial_id, checkpoint=True)
 
-    def _on_reports(self, trial: Trial,
-                    reports: list[tuple[int, dict[str, Any] | None, str | None]]) -> None:
-        for _seq, result, ckpt in reports:
+    def _on_reports(self, trial: Trial, reports: list[Report]) -> None:
+        for report in reports:
+            result, ckpt = report.result, report.checkpoint
             if ckpt:
                 self._register_checkpoint(trial, ckpt, result)
             action = self._action.get(trial.trial_id)
@@ -913,7 +891,7 @@ class TuneController:
                                                           "time_total_s", 0.0)})
         elif it == trial.logged_iteration + 1 and isinstance(manifest.get("result"), dict):
             result = dict(manifest["result"], config=trial.config)
-            self._on_reports(trial, [(0, result, newest)])
+            self._on_reports(trial, [Report(0, result, newest)])
 
     def _on_user_error(self, trial: Trial, error: str) -> None:
         trial.num_failures += 1

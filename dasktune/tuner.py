@@ -74,7 +74,7 @@ class Tuner:
         """Run the experiment to the end and return its results."""
         from dasktune import runtime
         from dasktune.controller import TuneController
-        from dasktune.executor import DaskExecutor
+        from dasktune.execution.dask_executor import DaskExecutor
         from dasktune.stopper import make_stopper
 
         tc, rc = self._tune_config, self._run_config
@@ -98,7 +98,7 @@ class Tuner:
         storage.check_writable()
         client, cluster = runtime.get_client()
         path_check = tuner_build.open_path_check(client, storage)
-        executor = DaskExecutor(client)
+        executor = DaskExecutor(client, path_check=path_check)
         executor.watch_cluster()
         params = tuner_build.scatter_params(client, self._trainable)
         callbacks = tuner_build.make_callbacks(rc, client, storage, name, tc, search_alg,
@@ -129,7 +129,6 @@ class Tuner:
             trials=trials,
             save_state=state_writer,
             can_scale=tuner_build.cluster_can_scale(cluster, client),
-            path_check=path_check,
             reporter=tuner_build.make_reporter(rc, tc),
             tune_config=tc,
         )

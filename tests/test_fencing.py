@@ -25,7 +25,8 @@ import pytest
 from conftest import wait_for
 
 import dasktune as tune
-from dasktune import recovery, runtime
+from dasktune import runtime
+from dasktune.execution import recovery
 from dasktune.storage import MANIFEST
 from dasktune.trial import TERMINATED
 
