@@ -15,10 +15,11 @@ import dask.config
 
 from dasktune import tuner_build
 from dasktune.config import RunConfig, TuneConfig
-from dasktune.controller import TuneController
+from dasktune.driver import ExperimentPlan, TuneController
 from dasktune.execution.simulated import SimulatedExecutor, TrialModel
 from dasktune.experiment import StateWriter
 from dasktune.logger import DEFAULT_LOGGERS
+from dasktune.policy_log import PBTPolicyLogger
 from dasktune.resources import normalize_request
 from dasktune.results import ResultGrid
 from dasktune.space import validate_param_space
@@ -79,6 +80,7 @@ def run_simulated(trainable_name: str, param_space: Mapping[str, Any],
     scheduler = tuner_build.make_scheduler(tc)
     stopper, stop_dict = make_stopper(rc.stop)
     callbacks: list[Callback] = list(rc.callbacks or [])
+    callbacks.append(PBTPolicyLogger())  # PBT's log_config lines (memory:// by default)
     if loggers:
         for cls in DEFAULT_LOGGERS:
             if not any(isinstance(cb, cls) for cb in callbacks):
@@ -91,26 +93,22 @@ def run_simulated(trainable_name: str, param_space: Mapping[str, Any],
         writer.write_static()
     reporter = tuner_build.make_reporter(rc, tc) if rc.verbose or rc.progress_reporter \
         else None
-    controller = TuneController(
+    plan = ExperimentPlan(
         trainable=_SimulatedTrainable,
         trainable_name=trainable_name,
         storage=storage,
-        search_alg=search_alg,
-        scheduler=scheduler,
-        executor=executor,  # type: ignore[arg-type]
-        callbacks=callbacks,
+        tune_config=tc,
+        failure_config=rc.failure_config,  # type: ignore[arg-type]
+        checkpoint_config=rc.checkpoint_config,  # type: ignore[arg-type]
         stopper=stopper,
         stop_dict=stop_dict,
         resources_for=lambda config: dict(request),
-        metric=tc.metric,
-        mode=tc.mode,
-        max_concurrent=tc.max_concurrent_trials,
-        time_budget_s=tc.time_budget_s,
-        failure_config=rc.failure_config,  # type: ignore[arg-type]
-        checkpoint_config=rc.checkpoint_config,  # type: ignore[arg-type]
-        save_state=writer,
-        reporter=reporter,
+        # As before the plan existed: names from the creators only with a state writer.
+        name_trial=(lambda trial: tuner_build.apply_name_creators(trial, tc)) if save_state
+        else None,
     )
+    controller = TuneController(plan, search_alg, scheduler, executor, callbacks,
+                                save_state=writer, reporter=reporter)
     # Simulated time does not pass while a searcher thinks: ask on the loop's thread, so
     # that a run is the same for the same seed however slow the sampler is here.
     with dask.config.set({"dasktune.search.async-after": False}):

@@ -9,7 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from dasktune.schedulers._async_hyperband import ASHAScheduler, AsyncHyperBandScheduler
-from dasktune.schedulers._base import Exploit, SchedulerContext, TrialScheduler
+from dasktune.schedulers._base import (
+    Decision,
+    Exploit,
+    PolicyLine,
+    SchedulerContext,
+    TrialScheduler,
+)
 from dasktune.schedulers._fifo import FIFOScheduler
 from dasktune.schedulers._hyperband import HyperBandScheduler
 from dasktune.schedulers._median_stopping import MedianStoppingRule
@@ -18,10 +24,12 @@ from dasktune.schedulers._pbt import PopulationBasedTraining
 __all__ = [
     "ASHAScheduler",
     "AsyncHyperBandScheduler",
+    "Decision",
     "Exploit",
     "FIFOScheduler",
     "HyperBandScheduler",
     "MedianStoppingRule",
+    "PolicyLine",
     "PopulationBasedTraining",
     "SchedulerContext",
     "TrialScheduler",
