@@ -7,15 +7,19 @@ against thousands of simulated workers. Each trial is a list of
 jumps the virtual clock to the next due event at once, so a day of simulated training
 costs only the driver's own CPU time (the idea of syne-tune's simulator backend).
 
-What the simulated actor does mirrors :class:`~dasktune.actor.TrialActor`: it fills the
-auto fields of each result, applies the ``stop`` dict, checkpoints every
-``checkpoint_frequency`` iterations (or when the model asks), at the end when
-``checkpoint_at_end``, and on ``stop(checkpoint=True)`` (after the iteration in flight,
-as a class trainable does: a checkpoint-only report, then FINISHED); a restart continues
-from its checkpoint's ``training_iteration``. Checkpoints are names only: nothing is
+A simulated trial has no code to run: its reports come from the model. It fills the
+auto fields of each result, applies the ``stop`` dict (:func:`~dasktune.session.stop_dict_hit`)
+and checkpoints when the runner's policy says (:func:`~dasktune.attempt.checkpoint_due`:
+every ``checkpoint_frequency`` iterations, at the end with ``checkpoint_at_end``), when
+the model or a Callback asks, and on ``stop(checkpoint=True)`` (after the iteration in
+flight, as a class trainable does: a checkpoint-only report, then FINISHED); a restart
+continues from its checkpoint's ``training_iteration``. Checkpoints are names only: nothing is
 written, and deleting them (checkpoint retention) is harmless.
 
 :func:`dasktune.simulator.run_simulated` runs an experiment on it.
+
+Over ~400 lines because it is a whole executor: placement over thousands of workers (a
+heap by free CPU), the event clock, and each trial's reports, which all share ``_SimRun``.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from dasktune.attempt import checkpoint_due
 from dasktune.execution.protocol import EventKind, ExecEvent, Report
 from dasktune.session import stop_dict_hit
 
@@ -387,9 +392,6 @@ class SimulatedExecutor:
         result = self._result(run, step[1], duration)
         wants = (bool(step[2]) if len(step) > 2 else False) or run.want_checkpoint
         run.want_checkpoint = False
-        freq = spec.checkpoint_frequency
-        if freq and run.iteration % freq == 0:
-            wants = True
         try:
             hit = stop_dict_hit(spec.stop, result)
         except ValueError as exc:  # the actor fails the trial, naming the key
@@ -398,7 +400,7 @@ class SimulatedExecutor:
         if hit:
             result["done"] = True
         last = hit or bool(result.get("done")) or run.pos >= len(run.steps)
-        if last and spec.checkpoint_at_end:
+        if checkpoint_due(spec, run.iteration, last):
             wants = True
         reports: list[Report] = []
         path = self._checkpoint(run) if wants else None
@@ -408,7 +410,7 @@ class SimulatedExecutor:
         reports.append(Report(run.seq, result, path))
         self.num_reports += 1
         if run.stop == _CKPT and not last:
-            if path is None:  # a checkpoint-only report, as TrialActor._save_only
+            if path is None:  # a checkpoint-only report, as Attempt._save_only
                 run.seq += 1
                 reports.append(Report(run.seq, None, self._checkpoint(run)))
             last = True
