@@ -20,9 +20,7 @@ wait for the driver's next poll of it, which also learns that the queued one sta
 from __future__ import annotations
 
 import asyncio
-import copy
 import os
-import shutil
 import socket
 import threading
 import time
@@ -31,10 +29,8 @@ from collections import deque
 from typing import Any
 
 from dasktune import _dask_config, isolation, scratch
-from dasktune.checkpoint import Checkpoint
-from dasktune.result import SHOULD_CHECKPOINT
-from dasktune.session import StopTrial, TrialSession, TrialSpec, _bind
-from dasktune.trainable import is_class_trainable
+from dasktune.attempt import Attempt
+from dasktune.session import TrialSpec
 
 _MAX_BATCH = 1000
 _LINGER = 0.002
@@ -89,13 +85,8 @@ class TrialActor:
         self._acked = 0
         self._finished = False
         self._error: str | None = None
-        self._stop_now = threading.Event()
-        # Set with _stop_now when no driver will collect this attempt (its task left the
-        # worker, or no poll came): unlike a driver's stop, it commits nothing more.
-        self._fenced = threading.Event()
-        self.fenced_reason: str | None = None
-        self._stop_after_checkpoint = threading.Event()
-        self._checkpoint_now = threading.Event()  # a driver-side request (Callback)
+        # Its stop flags and the user's code (dasktune.attempt); reports come to _emit.
+        self._attempt = Attempt(spec, self._params, self._emit, cond=self._cond)
         self._wake_pending = False  # a wake-up is on its way to the poll
         self._end_reported = False  # a poll has told the driver this attempt ended
 
@@ -170,14 +161,15 @@ class TrialActor:
         """Stop the attempt at its next report or step boundary, for good: no driver will
         collect it, so it must commit no further checkpoint (a restored driver's new
         attempt writes into the same trial folder). Called on the worker's event loop
-        by :class:`~dasktune.recovery.FencePlugin` and by the orphan watchdog."""
+        by :class:`~dasktune.execution.recovery.FencePlugin` and by the orphan watchdog."""
         with self._cond:
-            if self.fenced_reason is None:
-                self.fenced_reason = reason
             self._next.clear()  # this actor is being dropped: start nothing more on it
-            self._fenced.set()
-            self._stop_now.set()
-            self._cond.notify_all()
+            self._attempt.fence(reason)
+
+    @property
+    def fenced_reason(self) -> str | None:
+        """Why the running attempt was fenced, or None."""
+        return self._attempt.fenced_reason
 
     async def poll(self, ack: int, wait: float = 0.2, attempt: str | None = None,
                    limit: int | None = None) -> dict[str, Any]:
@@ -288,20 +280,14 @@ class TrialActor:
         :meth:`poll`), only that attempt: one that has ended already has nothing to
         stop, and the attempt its thread took over must not be stopped for it.
         """
-        if not self._is(attempt):
-            return
-        if checkpoint:
-            self._stop_after_checkpoint.set()
-        else:
-            self._stop_now.set()
-        with self._cond:
-            self._cond.notify_all()
+        if self._is(attempt):
+            self._attempt.request_stop(after_checkpoint=checkpoint)
 
     async def checkpoint(self, attempt: str | None = None) -> None:
         """Save a checkpoint after the step in flight and go on (a class trainable; a
         Callback set ``SHOULD_CHECKPOINT`` in a result the driver saw)."""
         if self._is(attempt):
-            self._checkpoint_now.set()
+            self._attempt.checkpoint_now.set()
 
     async def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -318,8 +304,9 @@ class TrialActor:
 
     # ------------------------------------------------------------ runner thread
     def _emit(self, result: dict[str, Any] | None, checkpoint_path: str | None) -> None:
+        flags = self._attempt
         with self._cond:
-            while len(self._buffer) >= self.spec.max_buffered and not self._stop_now.is_set():
+            while len(self._buffer) >= self.spec.max_buffered and not flags.stop_now.is_set():
                 self._cond.wait(1.0)
             self._seq += 1
             seq = self._seq
@@ -330,8 +317,8 @@ class TrialActor:
             self._wake()
         if self.spec.sync_reports:
             with self._cond:  # until the driver has received it (acked by the next poll)
-                while self._acked < seq and not self._stop_now.is_set() and \
-                        not self._stop_after_checkpoint.is_set():
+                while self._acked < seq and not flags.stop_now.is_set() and \
+                        not flags.stop_after_checkpoint.is_set():
                     self._cond.wait(1.0)
 
     def _wake(self, ended: bool = False, reopen: bool = False) -> None:
@@ -347,11 +334,6 @@ class TrialActor:
                         self._loop.call_soon_threadsafe(self._ended.clear)
             except RuntimeError:  # the worker's loop closed: the worker is going away
                 pass
-
-    def _should_stop(self, had_checkpoint: bool = False) -> bool:
-        if self._stop_now.is_set():
-            return True
-        return had_checkpoint and self._stop_after_checkpoint.is_set()
 
     def _run(self, worker_address: str) -> None:
         """The thread: run the attempt, then each attempt queued behind it in turn."""
@@ -379,120 +361,20 @@ class TrialActor:
         """
         with self._cond:
             self._finished = True
-            if not self._next or self._fenced.is_set():
+            if not self._next or self._attempt.fenced.is_set():
                 return None, False
             self._ended_attempts[self._key] = _Ended(self._buffer, self._error)
             return self._take(self._next.popleft()), True
 
     def _run_attempt(self, worker_address: str) -> None:
-        spec = self.spec
-        session = TrialSession(spec, self._emit, self._should_stop, worker_address,
-                               fenced=self._fenced.is_set)
-        _bind(session)
-        try:
-            if isolation.wants_process(spec):  # GPUs: a process that sees only its devices
-                isolation.run_in_process(self, worker_address)
-                return
-            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(spec.gpu_ids)
-            if is_class_trainable(spec.trainable):
-                self._run_class(session)
-            else:
-                self._run_function(session)
-        except StopTrial:
-            pass
-        except BaseException:  # noqa: BLE001 - the trial's error, reported to the driver
-            self._error = traceback.format_exc()
-        finally:
-            _bind(None)
-            session.close()
-
-    def _run_function(self, session: TrialSession) -> None:
-        config = copy.deepcopy(self.spec.config)
-        out = self.spec.trainable(config, **self._params)
-        if isinstance(out, dict):  # Ray: a returned dict is the final result
-            session.report(out)
-
-    def _run_class(self, session: TrialSession) -> None:
-        spec = self.spec
-        trial_info = {
-            "trial_id": spec.trial_id,
-            "trial_name": spec.trial_name,
-            "logdir": session.local_trial_dir(),
-            "resources": {**spec.resources, "gpu_ids": list(spec.gpu_ids)},
-            "iteration": session.iteration,
-            "time_total_s": session.time_total,
-            "params": self._params,
-        }
-        inst, self._kept = self._kept, None
-        if inst is not None and not inst.reset(copy.deepcopy(spec.config), trial_info):
-            inst.stop()  # reset_config said no: a fresh instance, as Ray does
-            inst = None
-        if inst is None:
-            inst = spec.trainable(copy.deepcopy(spec.config), trial_info=trial_info)
-        clean = True  # ended without an exception: the instance may be reused
-        try:
-            if spec.restore_path:
-                with Checkpoint(spec.restore_path, spec.storage.fs).as_directory() as local:
-                    inst.restore(local)
-            last_checkpointed = -1
-            while True:
-                if self._stop_now.is_set():
-                    return
-                if self._stop_after_checkpoint.is_set():
-                    if last_checkpointed != session.iteration:
-                        self._save_only(inst, session)
-                    return
-                result = inst.train()
-                done = bool(result.get("done", False))
-                want = bool(result.pop(SHOULD_CHECKPOINT, False))
-                if self._checkpoint_now.is_set():
-                    self._checkpoint_now.clear()
-                    want = True
-                freq = spec.checkpoint_frequency
-                next_iter = session.iteration + 1
-                if freq and next_iter % freq == 0:
-                    want = True
-                if done and spec.checkpoint_at_end:
-                    want = True
-                ckpt_dir = inst.save(scratch.mkdtemp("dasktune-save-")) if want else None
-                try:
-                    checkpoint = Checkpoint.from_directory(ckpt_dir) if ckpt_dir else None
-                    try:
-                        session.report(result, checkpoint=checkpoint)
-                    except StopTrial:
-                        if spec.checkpoint_at_end and ckpt_dir is None and \
-                                not self._fenced.is_set():
-                            self._save_only(inst, session)
-                        return
-                finally:
-                    if ckpt_dir:
-                        shutil.rmtree(ckpt_dir, ignore_errors=True)
-                if ckpt_dir:
-                    last_checkpointed = session.iteration
-                if done:
-                    return
-        except BaseException:
-            clean = False
-            raise
-        finally:
-            if clean and spec.reuse_instance:
-                self._kept = inst  # for the next trial on this actor (reuse_actors)
-            else:
-                inst.stop()
-
-    def _save_only(self, inst: Any, session: TrialSession) -> None:
-        """A checkpoint with no new result (pause, graceful move, checkpoint_at_end)."""
-        if self._fenced.is_set():
-            return  # nobody would log it; a new attempt may already write this trial
-        ckpt_dir = inst.save(scratch.mkdtemp("dasktune-save-"))
-        try:
-            path = session.commit_checkpoint(
-                Checkpoint.from_directory(ckpt_dir),
-                {"training_iteration": session.iteration, "time_total_s": session.time_total},
-            )
-        finally:
-            shutil.rmtree(ckpt_dir, ignore_errors=True)
-        self._emit(None, path)
+        if isolation.wants_process(self.spec):  # GPUs: a process that sees only its devices
+            try:
+                isolation.run_in_process(self._attempt, worker_address)
+            except BaseException:  # noqa: BLE001 - the trial's error, reported to the driver
+                self._error = traceback.format_exc()
+            return
+        kept, self._kept = self._kept, None
+        self._error, self._kept = self._attempt.run(worker_address, kept)
 
 
 class _Ended:

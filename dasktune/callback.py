@@ -58,6 +58,11 @@ class Callback:
                       checkpoint: Any, **info: Any) -> None:
         """Called with the committed :class:`~dasktune.Checkpoint` of a trial."""
 
+    def on_trial_exploit(self, iteration: int, trials: list[Trial], trial: Trial,
+                         exploit: Any, **info: Any) -> None:
+        """(dasktune) A scheduler decided ``trial`` restarts from another trial's
+        checkpoint (an :class:`~dasktune.schedulers.Exploit` with a policy-log line)."""
+
     def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
         """Called once after the last trial ended (also on interrupt)."""
 

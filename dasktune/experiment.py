@@ -28,7 +28,7 @@ from dasktune.trial import ERROR, FINISHED, PAUSED, PENDING, RUNNING, TERMINATED
 
 if TYPE_CHECKING:
     from dasktune.config import RunConfig, TuneConfig
-    from dasktune.controller import TuneController
+    from dasktune.driver import TuneController
     from dasktune.schedulers import TrialScheduler
     from dasktune.search import SearchAlgorithm
 

@@ -8,12 +8,14 @@ CUDA. CPU-only trials keep running in a thread of the worker (no start-up cost).
 
 The child is a fresh interpreter (``subprocess``, not ``multiprocessing``: Dask's nanny
 workers are daemonic processes, which ``multiprocessing`` forbids to have children). It
-runs the same session machinery as the in-thread path -- ``tune.report``,
-``tune.get_checkpoint``, ``tune.get_context``, checkpoints committed to storage straight
-from the child -- and talks to the parent over one socket pair:
+runs the attempt through the same :class:`~dasktune.attempt.Attempt` as the in-thread
+path -- ``tune.report``, ``tune.get_checkpoint``, ``tune.get_context``, checkpoints
+committed to storage straight from the child -- and talks to the parent over one socket
+pair:
 
 * child -> parent: ``("report", result, checkpoint_path)`` per report, relayed to the
-  actor's ``_emit`` (whose bounded buffer is the back-pressure), then ``("done", error)``;
+  attempt's ``emit`` (the actor's bounded buffer: the back-pressure), then
+  ``("done", error)``;
 * parent -> child: ``("stop", after_checkpoint)`` when the actor is asked to stop,
   ``("fence",)`` when it was fenced (stop, and commit no further checkpoint).
 
@@ -25,23 +27,26 @@ its exit code; one that ignores a stop for :data:`STOP_GRACE_S` is terminated.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import pickle
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
-import traceback
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
+import cloudpickle
+
 from dasktune import _dask_config, scratch
+from dasktune.attempt import Attempt
 from dasktune.resources import parse_visible_devices
 
 if TYPE_CHECKING:
-    from dasktune.actor import TrialActor
     from dasktune.session import TrialSpec
 
 __all__ = ["STOP_GRACE_S", "TrialProcessError", "child_devices", "run_in_process",
@@ -93,26 +98,21 @@ def child_devices(gpu_ids: list[str], worker_visible: list[str] | None = None) -
 
 
 # ---------------------------------------------------------------------------------- parent
-def run_in_process(actor: TrialActor, worker_address: str) -> None:
-    """Run ``actor``'s attempt in a child process; return when it ended.
+def run_in_process(attempt: Attempt, worker_address: str) -> None:
+    """Run ``attempt`` in a child process; return when it ended.
 
-    Reports go to ``actor._emit``; the actor's stop flags are relayed to the child.
+    Reports go to ``attempt.emit``; its stop flags are relayed to the child.
     Returns normally when the trial finished or was stopped.
 
     Raises:
         TrialProcessError: the trial raised in the child (message: its traceback), or the
             child died (message: its exit code or signal).
     """
-    import copy
-    import socket
-
-    import cloudpickle
-
-    spec = copy.copy(actor.spec)
+    spec = copy.copy(attempt.spec)
     devices = child_devices(list(spec.gpu_ids))
     spec.gpu_ids = devices
-    spec.trainable = cloudpickle.dumps(actor.spec.trainable)
-    payload = cloudpickle.dumps((spec, actor._params, worker_address))
+    spec.trainable = cloudpickle.dumps(attempt.spec.trainable)
+    payload = cloudpickle.dumps((spec, attempt.params, worker_address))
 
     env = dict(os.environ)
     env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
@@ -134,9 +134,9 @@ def run_in_process(actor: TrialActor, worker_address: str) -> None:
     done, error, stopped = False, None, False
     try:
         conn.send_bytes(payload)
-        done, error, stopped = _relay(actor, conn, proc)
+        done, error, stopped = _relay(attempt, conn, proc)
     except (EOFError, OSError):  # the child closed its end: it is exiting or dead
-        stopped = actor._stop_now.is_set()
+        stopped = attempt.stop_now.is_set()
     finally:
         conn.close()
         # Closing the socket ends a child that ignored a stop (its watchdog sees EOF);
@@ -148,21 +148,21 @@ def run_in_process(actor: TrialActor, worker_address: str) -> None:
         raise TrialProcessError(f"the trial's process (pid {proc.pid}) {_describe_exit(code)}")
 
 
-def _relay(actor: TrialActor, conn: Connection,
+def _relay(attempt: Attempt, conn: Connection,
            proc: subprocess.Popen[bytes]) -> tuple[bool, str | None, bool]:
     """Pump reports up and stop requests down; (said done, its error, stopped by us)."""
     sent_now = sent_ckpt = False
     kill_at: float | None = None
     while True:
-        if not sent_ckpt and actor._stop_after_checkpoint.is_set():
+        if not sent_ckpt and attempt.stop_after_checkpoint.is_set():
             conn.send_bytes(pickle.dumps(("stop", True)))
             sent_ckpt = True
-        if actor._checkpoint_now.is_set():
-            actor._checkpoint_now.clear()
+        if attempt.checkpoint_now.is_set():
+            attempt.checkpoint_now.clear()
             conn.send_bytes(pickle.dumps(("checkpoint",)))
-        if not sent_now and actor._stop_now.is_set():
+        if not sent_now and attempt.stop_now.is_set():
             # A fenced attempt (no driver will collect it) must also commit nothing more.
-            conn.send_bytes(pickle.dumps(("fence",) if actor._fenced.is_set()
+            conn.send_bytes(pickle.dumps(("fence",) if attempt.fenced.is_set()
                                          else ("stop", False)))
             sent_now = True
             kill_at = time.monotonic() + STOP_GRACE_S
@@ -177,7 +177,7 @@ def _relay(actor: TrialActor, conn: Connection,
         except EOFError:
             return False, None, sent_now
         if msg[0] == "report":
-            actor._emit(msg[1], msg[2])
+            attempt.emit(msg[1], msg[2])
         elif msg[0] == "done":
             return True, msg[1], sent_now
 
@@ -225,7 +225,7 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(_ORPHAN_EXIT)
 
 
-def _watch_parent(conn: Connection, actor: TrialActor) -> None:
+def _watch_parent(conn: Connection, attempt: Attempt) -> None:
     """Apply the parent's stop requests; exit at once when the parent goes away."""
     while True:
         try:
@@ -233,27 +233,19 @@ def _watch_parent(conn: Connection, actor: TrialActor) -> None:
         except (EOFError, OSError):
             os._exit(_ORPHAN_EXIT)
         if msg[0] == "checkpoint":
-            actor._checkpoint_now.set()
+            attempt.checkpoint_now.set()
         elif msg[0] == "stop":
-            (actor._stop_after_checkpoint if msg[1] else actor._stop_now).set()
-            with actor._cond:
-                actor._cond.notify_all()
+            attempt.request_stop(after_checkpoint=msg[1])
         elif msg[0] == "fence":
-            actor.fence("fenced by the worker")
+            attempt.fence("fenced by the worker")
 
 
 def _child_main(fd: int, parent_pid: int) -> None:
     """Entry point of the trial process: run the attempt, relay to the parent, exit."""
-    import cloudpickle
-
-    from dasktune.actor import TrialActor
-    from dasktune.session import StopTrial, TrialSession, _bind
-    from dasktune.trainable import is_class_trainable
-
     _die_with_parent(parent_pid)
     conn = Connection(fd)
     spec, params, worker_address = cloudpickle.loads(conn.recv_bytes())
-    actor = TrialActor(spec, params)
+    spec.trainable = cloudpickle.loads(spec.trainable)
     send_lock = threading.Lock()  # user threads may report too
 
     def emit(result: dict[str, Any] | None, path: str | None) -> None:
@@ -261,25 +253,10 @@ def _child_main(fd: int, parent_pid: int) -> None:
         with send_lock:
             conn.send_bytes(data)
 
-    actor._emit = emit  # type: ignore[method-assign]  # the relay replaces the buffer
-    threading.Thread(target=_watch_parent, args=(conn, actor), daemon=True,
+    attempt = Attempt(spec, params, emit)
+    threading.Thread(target=_watch_parent, args=(conn, attempt), daemon=True,
                      name="dasktune-parent-watch").start()
-    session = TrialSession(spec, emit, actor._should_stop, worker_address,
-                           fenced=actor._fenced.is_set)
-    _bind(session)
-    error = None
-    try:
-        if is_class_trainable(spec.trainable):
-            actor._run_class(session)
-        else:
-            actor._run_function(session)
-    except StopTrial:
-        pass
-    except BaseException:  # noqa: BLE001 - the trial's error, reported to the parent
-        error = traceback.format_exc()
-    finally:
-        _bind(None)
-        session.close()
+    error, _ = attempt.run(worker_address)
     try:
         with send_lock:
             conn.send_bytes(pickle.dumps(("done", error)))

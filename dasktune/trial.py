@@ -1,6 +1,6 @@
 """The trial record and its status machine: pure data, no Dask.
 
-A :class:`Trial` is owned by the driver loop (``controller.py``). Searchers and
+A :class:`Trial` is owned by the driver loop (:mod:`dasktune.driver`). Searchers and
 schedulers read it; only the controller changes its status, through
 :meth:`Trial.set_status`, which refuses transitions the machine does not allow.
 Everything a restore needs is in :meth:`Trial.to_state` / :meth:`Trial.from_state`

@@ -2,7 +2,7 @@
 
 ``Tuner(...).fit()`` builds the experiment store, the search algorithm, the
 scheduler, the executor on the resolved Dask client and the callbacks, then hands
-them to :class:`~dasktune.controller.TuneController`. ``Tuner.restore`` rebuilds
+them to :class:`~dasktune.driver.TuneController`. ``Tuner.restore`` rebuilds
 the same from an experiment's saved state (``experiment.py``).
 """
 
@@ -73,8 +73,8 @@ class Tuner:
     def fit(self) -> ResultGrid:
         """Run the experiment to the end and return its results."""
         from dasktune import runtime
-        from dasktune.controller import TuneController
-        from dasktune.executor import DaskExecutor
+        from dasktune.driver import ExperimentPlan, TuneController
+        from dasktune.execution.dask_executor import DaskExecutor
         from dasktune.stopper import make_stopper
 
         tc, rc = self._tune_config, self._run_config
@@ -98,7 +98,7 @@ class Tuner:
         storage.check_writable()
         client, cluster = runtime.get_client()
         path_check = tuner_build.open_path_check(client, storage)
-        executor = DaskExecutor(client)
+        executor = DaskExecutor(client, path_check=path_check)
         executor.watch_cluster()
         params = tuner_build.scatter_params(client, self._trainable)
         callbacks = tuner_build.make_callbacks(rc, client, storage, name, tc, search_alg,
@@ -108,33 +108,27 @@ class Tuner:
                                               tune_config=tc, run_config=rc,
                                               param_space=self._param_space)
         core, _, _ = unwrap(self._trainable)
-        controller = TuneController(
+        plan = ExperimentPlan(
             trainable=core,
             trainable_name=self._trainable_name,
             storage=storage,
-            search_alg=search_alg,
-            scheduler=scheduler,
-            executor=executor,
-            callbacks=callbacks,
+            tune_config=tc,
+            failure_config=rc.failure_config,  # type: ignore[arg-type]
+            checkpoint_config=rc.checkpoint_config,  # type: ignore[arg-type]
             stopper=stopper,
             stop_dict=stop_dict,
             resources_for=self._resources_for(),
-            metric=tc.metric,
-            mode=tc.mode,
-            max_concurrent=tc.max_concurrent_trials,
-            time_budget_s=tc.time_budget_s,
-            failure_config=rc.failure_config,  # type: ignore[arg-type]
-            checkpoint_config=rc.checkpoint_config,  # type: ignore[arg-type]
             params=params,
-            trials=trials,
-            save_state=state_writer,
             can_scale=tuner_build.cluster_can_scale(cluster, client),
-            path_check=path_check,
-            reporter=tuner_build.make_reporter(rc, tc),
-            tune_config=tc,
+            name_trial=lambda trial: tuner_build.apply_name_creators(trial, tc),
         )
+        controller = TuneController(plan, search_alg, scheduler, executor, callbacks,
+                                    trials=trials, save_state=state_writer,
+                                    reporter=tuner_build.make_reporter(rc, tc))
         state_writer.write_static()
         try:
+            # Before the first trial exists, so a bad option costs no work (Ray: at fit()).
+            tuner_build.check_checkpoint_config(core, rc.checkpoint_config)
             controller.run()
         finally:
             for fut in params.values():

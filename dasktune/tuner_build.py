@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
+from dasktune.policy_log import PBTPolicyLogger
 from dasktune.trainable import unwrap
 
 if TYPE_CHECKING:
@@ -134,10 +135,11 @@ def make_scheduler(tc: TuneConfig) -> TrialScheduler:
 def make_callbacks(rc: RunConfig, client: Any, storage: ExperimentStorage, name: str,
                    tc: TuneConfig, search_alg: Any, scheduler: Any) -> list[Callback]:
     """User callbacks, plus the default loggers (unless the user passed their own
-    instance of a class) and the dashboard feed."""
+    instance of a class), PBT's policy log and the dashboard feed."""
     from dasktune.logger import DEFAULT_LOGGERS
 
     callbacks = list(rc.callbacks or [])
+    callbacks.append(PBTPolicyLogger())  # writes nothing unless PBT exploits with log_config
     # Ray's switch for the default JSON/CSV/TensorBoard loggers.
     if os.environ.get("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "0") != "1":
         for cls in DEFAULT_LOGGERS:

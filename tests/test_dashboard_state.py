@@ -9,12 +9,12 @@ import random
 
 import pytest
 
-from dasktune.controller import TuneController
 from dasktune.dashboard._callback import DashboardCallback
 from dasktune.dashboard._messages import experiment_message, result_point, trial_record
 from dasktune.dashboard._plugin import DasktuneDashboardPlugin
 from dasktune.dashboard._redact import is_secret_key, jsonable, strip_uri
 from dasktune.dashboard._state import DashboardState
+from dasktune.driver import TuneController
 from dasktune.trial import Placement, Trial
 
 

@@ -544,7 +544,7 @@ def test_call_cancelled_under_the_driver_restarts_the_attempt(local_client, tmp_
     longer fetches actors; this pins the guard behind that, with the cancellation
     injected at the one await where it was seen (Dask cannot be made to race on cue).
     """
-    from dasktune import executor
+    from dasktune.execution import dask_executor as executor
 
     real = executor._settled
     hits: list[str] = []

@@ -3,7 +3,7 @@
 
 A driver process (its own process group) runs one long trial on a separate ``dask
 worker`` process and is SIGKILLed mid-trial. The scheduler drops the dead client and
-releases its actor's task; the worker's :class:`~dasktune.recovery.FencePlugin` sees the
+releases its actor's task; the worker's :class:`~dasktune.execution.recovery.FencePlugin` sees the
 task leave and stops the trial at its next report. The orphan timeout is set to 60 s on
 the cluster, so only the fence can stop it within the test's bound. The trainable keeps
 side records in its trial folder (``executed.jsonl`` per iteration, ``stopped.jsonl``
@@ -25,7 +25,8 @@ import pytest
 from conftest import wait_for
 
 import dasktune as tune
-from dasktune import recovery, runtime
+from dasktune import runtime
+from dasktune.execution import recovery
 from dasktune.storage import MANIFEST
 from dasktune.trial import TERMINATED
 

@@ -134,22 +134,22 @@ def test_time_budget_leaves_queued_trials_to_restore(local_client, storage_path,
 
 @pytest.mark.parametrize("setting", [False, True])
 def test_setting_turns_it_off(local_client, storage_path, marks, setting):
-    from dasktune import controller
+    from dasktune.driver.queue_ahead import QueueLines
 
     seen = {}
-    real = controller.TuneController._queue_successors
+    real = QueueLines.fill
 
     def spy(self):
         seen["called"] = True
         return real(self)
 
     space = {"i": tune.grid_search(list(range(6))), "d": 0.02, "dir": marks}
-    controller.TuneController._queue_successors = spy
+    QueueLines.fill = spy
     try:
         with dask.config.set({"dasktune.executor.queue-next": setting}):
             results = _tuner(space, storage_path).fit()
     finally:
-        controller.TuneController._queue_successors = real
+        QueueLines.fill = real
     assert results.num_terminated == 6
     assert seen.get("called", False) is setting
 

@@ -16,7 +16,7 @@ from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 import dasktune as tune
-from dasktune.executor import DaskExecutor
+from dasktune.execution.dask_executor import DaskExecutor
 
 pytestmark = pytest.mark.slow
 

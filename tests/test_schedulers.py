@@ -10,6 +10,7 @@ import random
 import pytest
 
 import dasktune as tune
+from dasktune.policy_log import PBTPolicyLogger
 from dasktune.schedulers import (
     ASHAScheduler,
     AsyncHyperBandScheduler,
@@ -375,14 +376,6 @@ def test_pbt_exploit_clones_a_top_quantile_donor():
     assert len(sched.perturbations) == 2
 
 
-class StorageContext(SimpleContext):
-    """A context with the experiment's storage, as the driver gives PBT for its policy logs."""
-
-    def __init__(self, trials: list[Trial], storage: ExperimentStorage):
-        super().__init__(trials)
-        self.storage = storage
-
-
 @pytest.mark.parametrize("log_config", [True, False])
 def test_pbt_log_config_writes_rays_policy_files(tmp_path, log_config):
     storage = ExperimentStorage(str(tmp_path), "exp")
@@ -390,13 +383,21 @@ def test_pbt_log_config_writes_rays_policy_files(tmp_path, log_config):
     trials = pbt_trials(4)
     for i, t in enumerate(trials):
         t.experiment_tag = f"{i}_lr=0.01"
-    ctx = StorageContext(trials, storage)
+    ctx = SimpleContext(trials)
     for t in trials:
         sched.on_trial_add(ctx, t)
 
+    # The scheduler writes nothing: its exploits carry the lines the driver's policy-log
+    # callback writes, as in a run.
+    policy_log = PBTPolicyLogger()
+    policy_log.setup(storage=storage)
+
     def report(t: Trial, it: int, score: float):
         t.last_result = {"training_iteration": it, "score": score}
-        return sched.on_trial_result(ctx, t, dict(t.last_result))
+        decision = sched.on_trial_result(ctx, t, dict(t.last_result))
+        if isinstance(decision, Exploit):
+            policy_log.on_trial_exploit(iteration=0, trials=trials, trial=t, exploit=decision)
+        return decision
 
     for rank, t in enumerate(trials):  # each new reporter is the best so far: no exploit
         assert report(t, 2, float(rank)) == "CONTINUE"

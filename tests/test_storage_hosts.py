@@ -119,7 +119,7 @@ def test_worker_joining_later_that_cannot_see_storage_gets_no_trials(
         monkeypatch.setattr(runtime, "_cluster", None)
         rc = tune.RunConfig(name="late", storage_path=str(hidden / "results"), verbose=0,
                             callbacks=[JoinPrivateWorker()])
-        with caplog.at_level("WARNING", logger="dasktune.controller"):
+        with caplog.at_level("WARNING", logger="dasktune.execution.dask_executor"):
             results = tune.Tuner(steps, tune_config=tune.TuneConfig(num_samples=4),
                                  run_config=rc).fit()
         assert len(client.scheduler_info()["workers"]) == 2

@@ -12,7 +12,7 @@ custom ``worker_command`` has no name we chose; ``WorkerState.pid`` is what it r
 The target is Dask's own :meth:`~distributed.Scheduler.adaptive_target`, raised to cover
 dasktune's trials, which Dask does not see as work: a trial actor occupies its worker
 after its creation task finished, and a waiting trial is only a placeholder task
-(``dasktune-demand-*``, see :meth:`dasktune.executor.DaskExecutor.demand`) that may
+(``dasktune-demand-*``, see :meth:`dasktune.execution.dask_executor.DaskExecutor.demand`) that may
 even have run. So the target is at least the workers hosting actors plus the workers
 the placeholders' resource requests fill; workers hosting actors are never picked for
 retirement (``valid_workers_downscaling``).

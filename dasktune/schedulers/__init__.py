@@ -9,7 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from dasktune.schedulers._async_hyperband import ASHAScheduler, AsyncHyperBandScheduler
-from dasktune.schedulers._base import Exploit, Reconfigure, SchedulerContext, TrialScheduler
+from dasktune.schedulers._base import (
+    Decision,
+    Exploit,
+    PolicyLine,
+    Reconfigure,
+    SchedulerContext,
+    TrialScheduler,
+)
 from dasktune.schedulers._fifo import FIFOScheduler
 from dasktune.schedulers._hyperband import HyperBandScheduler
 from dasktune.schedulers._median_stopping import MedianStoppingRule
@@ -21,11 +28,13 @@ from dasktune.schedulers._resource_changing import ResourceChangingScheduler
 __all__ = [
     "ASHAScheduler",
     "AsyncHyperBandScheduler",
+    "Decision",
     "Exploit",
     "FIFOScheduler",
     "HyperBandScheduler",
     "MedianStoppingRule",
     "PB2",
+    "PolicyLine",
     "PopulationBasedTraining",
     "PopulationBasedTrainingReplay",
     "Reconfigure",

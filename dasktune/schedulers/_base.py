@@ -2,15 +2,20 @@
 
 A scheduler is a pure decider (Ray's ``ray.tune.schedulers.TrialScheduler``). It sees trials
 and results through a read-only :class:`SchedulerContext` and answers with a decision; the
-driver loop (``controller.py``) carries decisions out. It never touches Dask or the driver.
+driver loop (:mod:`dasktune.driver`) carries decisions out. It never touches Dask, the
+driver or storage.
 
-Decisions returned by :meth:`TrialScheduler.on_trial_result`:
+Decisions returned by :meth:`TrialScheduler.on_trial_result` are values of a small type: a
+:class:`Decision` (Ray's ``TrialScheduler.CONTINUE`` ... constants are its members, and
+equal to Ray's strings, so a scheduler written for Ray works unchanged) or an
+:class:`Exploit`:
 
 - ``CONTINUE`` / ``NOOP``: keep running.
 - ``PAUSE``: the driver checkpoints and stops the trial, marks it PAUSED and frees its slot;
   it resumes from that checkpoint when :meth:`~TrialScheduler.choose_trial_to_run` returns it.
 - ``STOP``: the trial is early-stopped (TERMINATED).
-- :class:`Exploit` (PBT): restart the trial with a new config from a donor's checkpoint.
+- :class:`Exploit` (PBT): restart the trial with a new config from a donor's checkpoint;
+  its ``policy`` (PBT's ``log_config`` line) is written by a callback, not the scheduler.
 - :class:`Reconfigure`: pause the trial as for ``PAUSE`` and give it a new config and/or
   new resources, which its next start (from that checkpoint) runs with (PBT replay,
   resource changing).
@@ -23,6 +28,7 @@ every hook; schedulers are not thread safe.
 from __future__ import annotations
 
 import copy
+import enum
 import math
 import pickle
 from dataclasses import dataclass
@@ -33,7 +39,28 @@ from dasktune.trial import PAUSED, PENDING
 if TYPE_CHECKING:
     from dasktune.trial import Trial
 
-__all__ = ["Exploit", "Reconfigure", "SchedulerContext", "TrialScheduler"]
+__all__ = [
+    "Decision", "Exploit", "PolicyLine", "Reconfigure", "SchedulerContext", "TrialScheduler",
+]
+
+
+class Decision(str, enum.Enum):
+    """What a scheduler decides for a trial after a result (besides an :class:`Exploit`).
+
+    A ``str`` enum: ``Decision.STOP == "STOP"``, so schedulers that return Ray's strings
+    (or compare with them) keep working; the driver turns those into members.
+    """
+
+    CONTINUE = "CONTINUE"
+    PAUSE = "PAUSE"
+    STOP = "STOP"
+    NOOP = "NOOP"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
 
 
 @runtime_checkable
@@ -53,6 +80,17 @@ class SchedulerContext(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class PolicyLine:
+    """One line of PBT's policy log (``log_config``), for a callback to append to
+    ``pbt_global.txt`` and to the trial's ``pbt_policy_<trial_id>.txt`` (which first takes
+    over the donor's history: the trial now continues the donor's)."""
+
+    trial_id: str
+    donor_trial_id: str
+    line: str  # JSON, ending in a newline
+
+
 @dataclass
 class Exploit:
     """PBT decision: restart the trial with ``config`` from the donor's ``checkpoint``."""
@@ -60,6 +98,7 @@ class Exploit:
     config: dict[str, Any]
     checkpoint: str
     donor_trial_id: str
+    policy: PolicyLine | None = None
 
 
 @dataclass
@@ -106,10 +145,10 @@ class TrialScheduler:
     experiment builds the scheduler from its ``TuneConfig`` again.
     """
 
-    CONTINUE = "CONTINUE"
-    PAUSE = "PAUSE"
-    STOP = "STOP"
-    NOOP = "NOOP"
+    CONTINUE = Decision.CONTINUE
+    PAUSE = Decision.PAUSE
+    STOP = Decision.STOP
+    NOOP = Decision.NOOP
 
     _state_attrs: tuple[str, ...] = ()
     _supports_buffered_results = True

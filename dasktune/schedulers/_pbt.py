@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import logging
 import math
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dasktune.schedulers._base import Exploit, TrialScheduler, finite, result_value
+from dasktune.schedulers._base import Exploit, PolicyLine, TrialScheduler, finite, result_value
 from dasktune.schedulers._pbt_explore import explore, missing_keys, validate_mutations
 from dasktune.trial import PAUSED, PENDING
 
@@ -19,8 +18,6 @@ if TYPE_CHECKING:
     from dasktune.trial import Trial
 
 __all__ = ["PopulationBasedTraining"]
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -48,11 +45,12 @@ class PopulationBasedTraining(TrialScheduler):
     their next result. ``seed`` (dasktune only) makes donor choice and exploration
     reproducible; Ray uses the global RNG.
 
-    ``log_config``: every exploit is kept in :attr:`perturbations` and, when the context
-    has a ``storage`` (the experiment's :class:`~dasktune.storage.ExperimentStorage`), written
-    as Ray does: a JSON line ``[tag, donor tag, iteration, donor iteration, donor config, new
-    config]`` appended to ``pbt_global.txt`` and to ``pbt_policy_<trial_id>.txt`` (which first
-    takes over the donor's policy file) in the experiment folder.
+    ``log_config``: every exploit is kept in :attr:`perturbations`, and its
+    :class:`Exploit` carries Ray's policy line ``[tag, donor tag, iteration, donor iteration,
+    donor config, new config]`` (:class:`~dasktune.schedulers.PolicyLine`), which the
+    driver's :class:`~dasktune.policy_log.PBTPolicyLogger` appends to ``pbt_global.txt``
+    and to ``pbt_policy_<trial_id>.txt`` (which first takes over the donor's policy file)
+    in the experiment folder. The scheduler itself writes nothing.
     """
 
     _state_attrs = ("_trial_state", "_next_perturbation_sync", "_num_perturbations",
@@ -245,6 +243,7 @@ class PopulationBasedTraining(TrialScheduler):
         # like a top trial, and others would then clone its old checkpoint, over and over.
         mine.last_perturbation_time = theirs.last_perturbation_time if at is None else at
         mine.last_train_time = theirs.last_train_time if at is None else at
+        policy = None
         if self._log_config:
             self._perturbations.append({
                 "time": theirs.last_train_time, "trial_id": trial.trial_id,
@@ -252,9 +251,9 @@ class PopulationBasedTraining(TrialScheduler):
                 "new_config": new_config, "operations": ops,
                 "donor_checkpoint": donor.checkpoint,
             })
-            self._write_policy(ctx, trial, donor, new_config)
+            policy = self._policy_line(trial, donor, new_config)
         return Exploit(config=new_config, checkpoint=donor.checkpoint,
-                       donor_trial_id=donor.trial_id)
+                       donor_trial_id=donor.trial_id, policy=policy)
 
     def _on_perturbation_step(self, trial: Trial, t: float, score: float | None) -> None:
         """``trial`` reached a perturbation point at ``t`` with ``score`` (op * metric, or
@@ -267,12 +266,10 @@ class PopulationBasedTraining(TrialScheduler):
         return explore(donor.config, self._hyperparam_mutations, self._resample_probability,
                        self._perturbation_factors, self._custom_explore_fn, self._rng)
 
-    def _write_policy(self, ctx: SchedulerContext, trial: Trial, donor: Trial,
-                      new_config: dict[str, Any]) -> None:
-        """Log an exploit to ``pbt_global.txt`` and the trial's ``pbt_policy_<id>.txt``."""
-        storage = getattr(ctx, "storage", None)
-        if storage is None:  # simulations and contexts without an experiment folder
-            return
+    def _policy_line(self, trial: Trial, donor: Trial, new_config: dict[str, Any]
+                     ) -> PolicyLine:
+        """Ray's ``log_config`` line for an exploit, for the policy-log callback to write
+        (:class:`~dasktune.policy_log.PBTPolicyLogger`)."""
         # The donor's iteration is where the trial goes on from: its checkpoint's (Ray
         # checkpoints the donor at the result it logs, so there the two are the same).
         donor_iteration = _checkpoint_time(donor, "training_iteration")
@@ -285,19 +282,7 @@ class PopulationBasedTraining(TrialScheduler):
             donor.config,
             new_config,
         ]
-        line = (json.dumps(policy, default=repr) + "\n").encode()
-        mine = storage.path(f"pbt_policy_{trial.trial_id}.txt")
-        theirs = storage.path(f"pbt_policy_{donor.trial_id}.txt")
-        try:
-            glob_path = storage.path("pbt_global.txt")
-            old = storage.read_bytes(glob_path) if storage.exists(glob_path) else b""
-            storage.write_bytes(glob_path, old + line)
-            # The trial now continues the donor's history, so it takes over its policy.
-            history = storage.read_bytes(theirs) if storage.exists(theirs) else b""
-            storage.write_bytes(mine, history + line)
-        except Exception:  # noqa: BLE001 - a log that cannot be written must not stop PBT
-            logger.warning("PopulationBasedTraining: could not write the policy log of trial "
-                           "%s", trial.trial_id, exc_info=True)
+        return PolicyLine(trial.trial_id, donor.trial_id, json.dumps(policy, default=repr) + "\n")
 
     def on_trial_remove(self, tune_controller: SchedulerContext, trial: Trial) -> None:
         self._trial_state.pop(trial.trial_id, None)

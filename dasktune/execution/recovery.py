@@ -142,6 +142,8 @@ class FencePlugin(WorkerPlugin):
         self._cls: type | None = None
 
     def setup(self, worker: Worker) -> None:
+        # Worker side only: the scheduler, which unpickles RecoveryPlugin from this
+        # module, need not import the trial machinery.
         from dasktune.actor import TrialActor
 
         self._worker, self._cls = worker, TrialActor

@@ -1,15 +1,19 @@
-"""The only module that speaks Dask to run trials: placement, the resource ledger, actors.
+"""The Dask executor: runs trial attempts as actors on a Dask cluster's workers.
 
-The controller (driver loop, main thread) calls :meth:`DaskExecutor.start`,
-:meth:`~DaskExecutor.stop` and :meth:`~DaskExecutor.events`. Each running attempt is
-a coroutine on the client's event loop that creates a :class:`~dasktune.actor.TrialActor`
-pinned to a chosen worker, starts it and long-polls it; what it learns goes into one
-thread-safe queue as :class:`ExecEvent` objects.
+It implements :class:`~dasktune.execution.protocol.Executor`; the driver loop (main
+thread) calls :meth:`DaskExecutor.start`, :meth:`~DaskExecutor.stop` and
+:meth:`~DaskExecutor.events`. Each running attempt is a coroutine on the client's event
+loop that creates a :class:`~dasktune.actor.TrialActor` pinned to the worker the
+:class:`~dasktune.execution.ledger.ResourceLedger` chose, starts it and long-polls it;
+what it learns goes into one thread-safe queue as
+:class:`~dasktune.execution.protocol.ExecEvent` values. Cluster events (a worker lost,
+retiring or added) come from the plugins of :mod:`dasktune.execution.recovery`; a local
+storage folder's visibility from each worker (:mod:`dasktune.shared_path`) is checked
+here, before a worker's first trial.
 
-Why a ledger: the scheduler holds an actor's ``resources=`` only while the actor is
-being created, so two ``GPU=1`` actors can land on one ``GPU=1`` worker. dasktune
-therefore accounts for the resources of its live trials itself and pins each actor
-with ``workers=[address]``.
+This module is over ~400 lines because the queued-attempt lines and the backpressure of
+the poll loop share the per-attempt state (``_Run``) and the client loop with the start
+and stop paths: split apart, each half would reach into the other's records.
 
 Why our own RPC: calls go straight to the actor's worker (``actor_execute``, about
 1 ms) with timeouts we choose; Dask's ``Actor`` proxy instead waits on the actor's
@@ -45,44 +49,43 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
-import time
-from dataclasses import dataclass, field
+import traceback
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from distributed.actor import ProxyRPC
+from distributed.protocol import to_serialize
+from distributed.scheduler import KilledWorker
 
 from dasktune import _dask_config
 from dasktune.actor import TrialActor, attempt_key
-from dasktune.resources import GPUAllocator, format_resources, worker_capacity, worker_devices
+from dasktune.execution import recovery
+from dasktune.execution.ledger import ResourceLedger
+from dasktune.execution.protocol import EventKind, ExecEvent, Report
 
 if TYPE_CHECKING:
     from distributed import Client, Future
 
     from dasktune.session import TrialSpec
+    from dasktune.shared_path import SharedPathCheck
 
 logger = logging.getLogger(__name__)
 
-STARTED = "started"
-REPORTS = "reports"
-FINISHED = "finished"
-LOST = "lost"
-START_FAILED = "start_failed"
-WORKER_LOST = "worker_lost"  # from the recovery plugin; trial_id is ""
-WORKER_RETIRING = "worker_retiring"
-WORKER_ADDED = "worker_added"  # wakes the driver loop: waiting trials are placed at once
-UNQUEUED = "unqueued"  # a queued attempt (queue_after) will not start: start it anew
+STARTED, REPORTS, FINISHED = EventKind.STARTED, EventKind.REPORTS, EventKind.FINISHED
+LOST, START_FAILED, UNQUEUED = EventKind.LOST, EventKind.START_FAILED, EventKind.UNQUEUED
+WORKER_LOST, WORKER_RETIRING = EventKind.WORKER_LOST, EventKind.WORKER_RETIRING
+WORKER_ADDED = EventKind.WORKER_ADDED
 
 
 @dataclass
-class ExecEvent:
-    """Something that happened to one attempt of one trial."""
+class _Item:
+    """An event on its way to the driver, with what the executor needs back from it."""
 
-    kind: str
-    trial_id: str
-    attempt: int
-    reports: list[tuple[int, dict[str, Any] | None, str | None]] = field(default_factory=list)
-    error: str | None = None
-    info: dict[str, Any] = field(default_factory=dict)
-    # Set (on the client loop) once the driver has taken this event: see _poll_until_finished.
-    taken: asyncio.Event | None = field(default=None, repr=False, compare=False)
+    event: ExecEvent
+    # Set (on the client loop) once the driver has taken the event: see _poll_until_finished.
+    taken: asyncio.Event | None = None
+    # FINISHED: the queued attempt that took over the actor in the same reply, and where.
+    successor: tuple[str, dict[str, Any]] | None = None
 
 
 @dataclass
@@ -102,31 +105,33 @@ class _Run:
 
 
 class DaskExecutor:
-    """Runs trial attempts as Dask actors on the workers of ``client``'s cluster."""
+    """Runs trial attempts as Dask actors on the workers of ``client``'s cluster.
 
-    def __init__(self, client: Client):
+    Args:
+        client: the cluster's client.
+        path_check: for a local storage folder, the check that a worker sees it; a
+            worker that does not is never placed on (with a warning).
+    """
+
+    can_queue = True
+
+    def __init__(self, client: Client, path_check: SharedPathCheck | None = None):
         self.client = client
         self._loop: asyncio.AbstractEventLoop = client.loop.asyncio_loop  # type: ignore[attr-defined]
-        self._events: queue.SimpleQueue[ExecEvent] = queue.SimpleQueue()
+        self._events: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self._runs: dict[str, _Run] = {}
-        self._used: dict[str, dict[str, float]] = {}
-        self._gpus: dict[str, GPUAllocator] = {}
-        self._workers: dict[str, dict[str, Any]] = {}
-        self._workers_at = _STALE  # when self._workers was fetched
+        self._ledger = ResourceLedger(self._fetch_workers)
+        self._path_check = path_check
         self._poll_wait = _dask_config.get_seconds("executor.poll-wait")
         self._in_flight = int(_dask_config.get("executor.max-reports-in-flight"))
         self._start_timeout = _dask_config.get_seconds("executor.actor-start-timeout")
         self._direct = bool(_dask_config.get("executor.direct-to-workers"))
         self._closed = False
         self._pending_stop: dict[str, bool] = {}
-        self._retiring: set[str] = set()
-        self._excluded: set[str] = set()  # never placed on (see exclude)
-        self._gone: set[str] = set()
+        self._retiring = self._ledger.retiring
+        self._gone = self._ledger.gone
         self._watching = False
         self._idle: dict[str, list[tuple[str, Future]]] = {}
-        # Workers we just lost contact with: not chosen again for a few seconds, while
-        # the scheduler decides whether they are gone.
-        self._suspect: dict[str, float] = {}
         self._pool_size = int(_dask_config.get("executor.idle-actors-per-worker"))
         self._queued: dict[str, _Run] = {}  # trial id -> attempt queued on a busy actor
         # Trials that wait for resources -> their request (driver thread); their
@@ -135,11 +140,13 @@ class DaskExecutor:
         self._demand_futures: dict[str, Future] = {}
         self._demand_seq = 0
 
+    def _put(self, event: ExecEvent, taken: asyncio.Event | None = None,
+             successor: tuple[str, dict[str, Any]] | None = None) -> None:
+        self._events.put(_Item(event, taken, successor))
+
     # ------------------------------------------------------------ cluster events
     def watch_cluster(self) -> bool:
         """Install the recovery plugin and listen to it (worker loss in milliseconds)."""
-        from dasktune import recovery
-
         if not recovery.register(self.client):
             return False
 
@@ -148,15 +155,15 @@ class DaskExecutor:
             worker = msg.get("worker", "")
             if msg.get("op") == "remove-worker":
                 self._gone.add(worker)
-                self._workers_at = _STALE
-                self._events.put(ExecEvent(WORKER_LOST, "", 0, info={"worker": worker}))
+                self._ledger.mark_stale()
+                self._put(ExecEvent(WORKER_LOST, worker=worker))
             elif msg.get("op") == "retiring" and worker not in self._retiring:
                 self._retiring.add(worker)
-                self._events.put(ExecEvent(WORKER_RETIRING, "", 0, info={"worker": worker}))
+                self._put(ExecEvent(WORKER_RETIRING, worker=worker))
             elif msg.get("op") == "add-worker":
                 self._gone.discard(worker)
-                self._workers_at = _STALE
-                self._events.put(ExecEvent(WORKER_ADDED, "", 0, info={"worker": worker}))
+                self._ledger.mark_stale()
+                self._put(ExecEvent(WORKER_ADDED, worker=worker))
 
         self.client.subscribe_topic(recovery.TOPIC, on_event)
         self._watching = True
@@ -188,73 +195,33 @@ class DaskExecutor:
         return True
 
     # ------------------------------------------------------------ workers
+    def _fetch_workers(self) -> dict[str, dict[str, Any]]:
+        try:
+            info = self.client.scheduler_info(n_workers=-1)
+        except TypeError:  # older distributed without n_workers
+            info = self.client.scheduler_info()
+        return dict(info.get("workers", {}))
+
     def workers(self, refresh: bool = False) -> dict[str, dict[str, Any]]:
         """Live workers and their info (refreshed at most every 0.5 s)."""
-        now = time.monotonic()
-        if refresh or now - self._workers_at > 0.5:
-            try:
-                info = self.client.scheduler_info(n_workers=-1)
-            except TypeError:  # older distributed without n_workers
-                info = self.client.scheduler_info()
-            self._workers = dict(info.get("workers", {}))
-            self._workers_at = now
-        return self._workers
-
-    def capacities(self) -> dict[str, dict[str, float]]:
-        return {addr: worker_capacity(w) for addr, w in self.workers().items()}
-
-    def free(self, addr: str) -> dict[str, float]:
-        info = self.workers().get(addr)
-        if info is None:  # it left between two lookups (the list refreshes every 0.5 s)
-            return {}
-        cap = worker_capacity(info)
-        used = self._used.get(addr, {})
-        return {k: v - used.get(k, 0.0) for k, v in cap.items()}
+        return self._ledger.workers(refresh)
 
     def can_ever_fit(self, resources: dict[str, float]) -> str | None:
         """None if some worker could hold ``resources`` when idle, else why not."""
-        caps = self.capacities()
-        if not caps:
-            return None  # no workers yet: an elastic cluster may add some
-        for cap in caps.values():
-            if all(cap.get(k, 0.0) >= v for k, v in resources.items() if v > 0):
-                return None
-        offers = "; ".join(f"{addr}: {format_resources(c)}" for addr, c in sorted(caps.items()))
-        missing = sorted({k for k, v in resources.items() if v > 0
-                          and all(c.get(k, 0.0) < v for c in caps.values())})
-        return (f"no worker offers {format_resources(resources)} "
-                f"(short of {', '.join(missing)}); workers offer: {offers}")
+        return self._ledger.can_ever_fit(resources)
 
     def place(self, resources: dict[str, float]) -> str | None:
-        """The worker with the most free CPU that fits ``resources`` now, or None."""
-        best, best_cpu = None, -1.0
-        for addr in sorted(self.workers()):
-            if addr in self._retiring or addr in self._gone or addr in self._excluded or \
-                    self._suspect.get(addr, 0.0) > time.monotonic():
-                continue
-            free = self.free(addr)
-            if all(free.get(k, 0.0) >= v - 1e-9 for k, v in resources.items() if v > 0):
-                gpus = resources.get("GPU", 0.0)
-                if gpus:
-                    alloc = self._gpu_alloc(addr)
-                    if alloc.allocate("__probe__", gpus, self._devices(addr)) is None:
-                        continue
-                    alloc.release("__probe__")
-                cpu = free.get("CPU", 0.0) - resources.get("CPU", 0.0)
-                if cpu > best_cpu:
-                    best, best_cpu = addr, cpu
-        return best
-
-    def exclude(self, addr: str) -> None:
-        """Never place a trial on ``addr`` again (it cannot see the storage folder)."""
-        self._excluded.add(addr)
-
-    def _gpu_alloc(self, addr: str) -> GPUAllocator:
-        return self._gpus.setdefault(addr, GPUAllocator())
-
-    def _devices(self, addr: str) -> list[str]:
-        info = self.workers().get(addr, {})
-        return worker_devices(worker_capacity(info).get("GPU", 0.0))
+        """The worker with the most free CPU that fits ``resources`` now, or None; a
+        worker that cannot see a local storage folder is left out for good."""
+        worker = self._ledger.place(resources)
+        while worker is not None and self._path_check is not None and \
+                self._path_check.blind([worker]):
+            logger.warning("worker %s cannot see the storage folder %s (another host or "
+                           "mount): no trials will run on it", worker,
+                           self._path_check.storage.uri)
+            self._ledger.excluded.add(worker)
+            worker = self._ledger.place(resources)
+        return worker
 
     @property
     def num_running(self) -> int:
@@ -304,13 +271,9 @@ class DaskExecutor:
         if spec.trial_id in self._runs:
             raise RuntimeError(f"trial {spec.trial_id} is already running")
         self.withdraw(spec.trial_id)  # placed: it waits no more
-        used = self._used.setdefault(worker, {})
-        for k, v in resources.items():
-            used[k] = used.get(k, 0.0) + v
-        gpus = resources.get("GPU", 0.0)
-        if gpus:
-            spec.gpu_ids = self._gpu_alloc(worker).allocate(spec.trial_id, gpus,
-                                                            self._devices(worker)) or []
+        gpu_ids = self._ledger.take(worker, spec.trial_id, resources)
+        if gpu_ids:
+            spec.gpu_ids = gpu_ids
         run = _Run(spec=spec, worker=worker, resources=dict(resources),
                    key=f"dasktune-{spec.trial_id}-{spec.attempt}")
         idle = self._idle.get(worker)
@@ -384,11 +347,7 @@ class DaskExecutor:
         run = self._runs.pop(trial_id, None)
         if run is None:
             return
-        used = self._used.get(run.worker, {})
-        for k, v in run.resources.items():
-            used[k] = used.get(k, 0.0) - v
-        if run.worker in self._gpus:
-            self._gpus[run.worker].release(trial_id)
+        self._ledger.give_back(run.worker, trial_id, run.resources)
         _cancel(run)
         future = run.future
         run.future = None
@@ -411,13 +370,12 @@ class DaskExecutor:
         self._drop_idle(addr)
         for tid, run in self._queued.items():
             if run.worker == addr:
-                self._events.put(ExecEvent(UNQUEUED, tid, run.spec.attempt))
+                self._put(ExecEvent(UNQUEUED, tid, run.spec.attempt))
         for tid in lost:
             run = self._runs[tid]
-            self._events.put(ExecEvent(LOST, tid, run.spec.attempt,
-                                       error=f"worker {addr} was lost"))
+            self._put(ExecEvent(LOST, tid, run.spec.attempt, error=f"worker {addr} was lost"))
             _cancel(run)
-        self._workers_at = _STALE
+        self._ledger.mark_stale()
         return lost
 
     def _drop_idle(self, addr: str) -> None:
@@ -427,7 +385,7 @@ class DaskExecutor:
 
     def events(self, timeout: float) -> list[ExecEvent]:
         """Every event so far, waiting up to ``timeout`` s for the first."""
-        got: list[ExecEvent] = []
+        got: list[_Item] = []
         try:
             got.append(self._events.get(timeout=timeout))
         except queue.Empty:
@@ -437,18 +395,19 @@ class DaskExecutor:
                 got.append(self._events.get_nowait())
             except queue.Empty:
                 break
-        taken = [e.taken for e in got if e.taken is not None]
+        taken = [item.taken for item in got if item.taken is not None]
         if taken:  # one wake-up of the client loop for the whole batch
             self._loop.call_soon_threadsafe(_set_all, taken)
         out: list[ExecEvent] = []
-        for event in got:
-            if event.kind == UNQUEUED:
+        for item in got:
+            event = item.event
+            if event.kind is UNQUEUED:
                 run = self._queued.get(event.trial_id)
                 if run is None or run.spec.attempt != event.attempt:
                     continue  # told twice (say, lost and rejected): once is enough
                 del self._queued[event.trial_id]
             out.append(event)
-            started = event.info.get("next") if event.kind == FINISHED else None
+            started = item.successor
             if started is not None:
                 # The queued attempt took over the actor in the same reply: account for
                 # it here, in one step with the end of the last, so no other trial is
@@ -456,10 +415,8 @@ class DaskExecutor:
                 tid, info = started
                 run = self._queued.pop(tid)
                 self._runs[tid] = run
-                used = self._used.setdefault(run.worker, {})
-                for k, v in run.resources.items():
-                    used[k] = used.get(k, 0.0) + v
-                out.append(ExecEvent(STARTED, tid, run.spec.attempt, info=info))
+                self._ledger.add(run.worker, run.resources)
+                out.append(_started(tid, run, info))
         return out
 
     def shutdown(self) -> None:
@@ -474,8 +431,6 @@ class DaskExecutor:
                     pass
         self._queued.clear()
         if self._watching:
-            from dasktune import recovery
-
             try:
                 self.client.unsubscribe_topic(recovery.TOPIC)
             except Exception:  # noqa: BLE001
@@ -509,9 +464,6 @@ class DaskExecutor:
 
     async def _call_at(self, worker: str, key: str, method: str, *args: Any,
                        timeout: float = 30.0) -> Any:
-        from distributed.actor import ProxyRPC
-        from distributed.protocol import to_serialize
-
         if self._direct:
             rpc = self.client.rpc(worker)
         else:
@@ -554,7 +506,7 @@ class DaskExecutor:
         if not ok:
             if prev.next is run:
                 prev.next = None
-            self._events.put(ExecEvent(UNQUEUED, run.spec.trial_id, run.spec.attempt))
+            self._put(ExecEvent(UNQUEUED, run.spec.trial_id, run.spec.attempt))
 
     async def _unqueue(self, run: _Run) -> None:
         prev = run.prev
@@ -574,7 +526,7 @@ class DaskExecutor:
             if run.next is not None:
                 run.next.prev = prev
             run.next = None
-            self._events.put(ExecEvent(UNQUEUED, run.spec.trial_id, run.spec.attempt))
+            self._put(ExecEvent(UNQUEUED, run.spec.trial_id, run.spec.attempt))
 
     async def _create(self, run: _Run, params: dict[str, Any]) -> None:
         """Create the attempt's actor on its worker; on failure, report and leave
@@ -591,24 +543,22 @@ class DaskExecutor:
                 return
             await run.future  # raises the creation error (an erred future has no value)
         except asyncio.TimeoutError:
-            self._events.put(ExecEvent(LOST, tid, attempt, error=(
+            self._put(ExecEvent(LOST, tid, attempt, error=(
                 f"actor for trial {tid} was not created on {run.worker} within "
                 f"{self._start_timeout:.0f}s")))
         except Exception as exc:  # noqa: BLE001 - creation failed on the worker
-            from distributed.scheduler import KilledWorker
-
             if isinstance(exc, KilledWorker) or run.worker in self._gone or \
                     run.worker not in self.workers(refresh=True):
-                self._events.put(ExecEvent(LOST, tid, attempt, error=repr(exc)))
+                self._put(ExecEvent(LOST, tid, attempt, error=repr(exc)))
             else:
-                self._events.put(ExecEvent(START_FAILED, tid, attempt,
-                                           error=_format_remote_error(exc)))
+                self._put(ExecEvent(START_FAILED, tid, attempt,
+                                    error=_format_remote_error(exc)))
         future, run.future = run.future, None
         future.release()
 
     async def _drive(self, run: _Run, params: dict[str, Any]) -> None:
         spec = run.spec
-        tid, attempt = spec.trial_id, spec.attempt
+        tid = spec.trial_id
         try:
             info = None
             if run.future is not None:  # a reused actor: load the new attempt and start it
@@ -625,14 +575,14 @@ class DaskExecutor:
                     return
                 info = await self._call(run, "start")
             run.started = True
-            self._events.put(ExecEvent(STARTED, tid, attempt, info=info))
+            self._put(_started(tid, run, info))
             while True:
                 await self._poll_until_finished(run)
                 nxt = run.next
                 if nxt is None or not nxt.started:
                     return
                 # The queued attempt runs on this actor now: drive it in this coroutine.
-                run, tid, attempt = nxt, nxt.spec.trial_id, nxt.spec.attempt
+                run, tid = nxt, nxt.spec.trial_id
         except asyncio.CancelledError:
             if run.cancelled or self._closed:
                 raise
@@ -642,18 +592,18 @@ class DaskExecutor:
                             "restarting the attempt")
         except Exception as exc:  # noqa: BLE001 - comm errors: the worker (or actor) is gone
             if not self._closed:
-                self._suspect[run.worker] = time.monotonic() + 5.0
+                self._ledger.suspect(run.worker)
                 self._lost(run, f"lost contact with {run.worker}: {exc!r}")
 
     def _lost(self, run: _Run, error: str) -> None:
         """``run`` is lost, and so are the attempts queued behind it on the same actor."""
-        self._events.put(ExecEvent(LOST, run.spec.trial_id, run.spec.attempt, error=error))
+        self._put(ExecEvent(LOST, run.spec.trial_id, run.spec.attempt, error=error))
         self._unqueued_from(run.next)
 
     def _unqueued_from(self, run: _Run | None) -> None:
         """``run`` and every attempt queued behind it will not start: say so."""
         while run is not None:
-            self._events.put(ExecEvent(UNQUEUED, run.spec.trial_id, run.spec.attempt))
+            self._put(ExecEvent(UNQUEUED, run.spec.trial_id, run.spec.attempt))
             run = run.next
 
     def _batch_limit(self) -> int:
@@ -692,14 +642,14 @@ class DaskExecutor:
             if reply.get("gone"):
                 self._lost(run, f"the actor on {run.worker} no longer holds attempt {fence}")
                 return
-            reports = reply["reports"]
-            if reports:
-                ack = reports[-1][0]
+            raw = reply["reports"]
+            if raw:
+                ack = raw[-1][0]
+            reports = [Report(*r) for r in raw]
             if not reply["finished"]:
                 if reports:
                     taken.clear()
-                    self._events.put(ExecEvent(REPORTS, tid, attempt, reports=reports,
-                                               taken=taken))
+                    self._put(ExecEvent(REPORTS, tid, attempt, reports=reports), taken=taken)
                 continue
             nxt, info = run.next, reply.get("next")
             if nxt is not None and info is not None:
@@ -711,9 +661,8 @@ class DaskExecutor:
             run.finished = True
             started = (nxt.spec.trial_id, info) if nxt is not None and info is not None \
                 else None
-            self._events.put(ExecEvent(FINISHED, tid, attempt, reports=reports,
-                                       error=reply["error"],
-                                       info={"next": started} if started else {}))
+            self._put(ExecEvent(FINISHED, tid, attempt, reports=reports, error=reply["error"]),
+                      successor=started)
             if started:
                 return  # the actor reset itself for the next attempt: nothing to drop
             if nxt is not None and nxt.enqueued is not None and nxt.enqueued.done() and \
@@ -724,9 +673,6 @@ class DaskExecutor:
             await self._call_quiet(run, "poll", ack, 0, fence)  # drop the last batch
             return
 
-
-# A fetch time that is always out of date, however young the monotonic clock.
-_STALE = float("-inf")
 
 # The fewest reports one poll fetches, however many trials share the in-flight budget.
 _MIN_BATCH = 16
@@ -745,6 +691,12 @@ async def _settled(future: Future) -> None:
     others. Dask's own ``wait`` waits on the same state.
     """
     await future._state.wait()
+
+
+def _started(trial_id: str, run: _Run, where: dict[str, Any]) -> ExecEvent:
+    """The STARTED event of ``run``, from what its actor said of where it runs."""
+    return ExecEvent(STARTED, trial_id, run.spec.attempt, worker=where.get("worker", run.worker),
+                     host=where.get("host", ""))
 
 
 def _fence(run: _Run) -> str:
@@ -770,7 +722,5 @@ def _waiting_trial(trial_id: str) -> str:
 
 
 def _format_remote_error(exc: BaseException) -> str:
-    import traceback
-
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
 

@@ -1,0 +1,137 @@
+"""Placement and the resource ledger: which worker can hold a trial now.
+
+Why a ledger: Dask's scheduler holds an actor's ``resources=`` only while the actor is
+being created, so two ``GPU=1`` actors could land on one ``GPU=1`` worker. dasktune
+therefore accounts for the resources of its live attempts itself (here) and pins each
+actor to the worker :meth:`ResourceLedger.place` chose. Pure bookkeeping: the worker
+list comes from a function the executor passes in, so nothing here speaks Dask.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from dasktune.resources import GPUAllocator, format_resources, worker_capacity, worker_devices
+
+__all__ = ["ResourceLedger"]
+
+# A fetch time that is always out of date, however young the monotonic clock.
+_STALE = float("-inf")
+_REFRESH_S = 0.5  # the worker list is fetched at most this often
+_SUSPECT_S = 5.0  # a worker we just lost contact with is not chosen for this long
+
+
+class ResourceLedger:
+    """What each worker offers, what our attempts use there, and where a request fits.
+
+    Args:
+        fetch_workers: returns the live workers by address (entries of Dask's
+            ``scheduler_info()["workers"]``: ``resources``, ``nthreads``, ``host``, ...).
+    """
+
+    def __init__(self, fetch_workers: Callable[[], dict[str, dict[str, Any]]]):
+        self._fetch = fetch_workers
+        self._workers: dict[str, dict[str, Any]] = {}
+        self._workers_at = _STALE
+        self._used: dict[str, dict[str, float]] = {}
+        self._gpus: dict[str, GPUAllocator] = {}
+        self.retiring: set[str] = set()  # closing: no new attempts
+        self.gone: set[str] = set()  # left the cluster
+        self.excluded: set[str] = set()  # never placed on (e.g. cannot see the storage)
+        self._suspect: dict[str, float] = {}  # address -> not chosen until then
+
+    # ------------------------------------------------------------ workers
+    def workers(self, refresh: bool = False) -> dict[str, dict[str, Any]]:
+        """Live workers and their info (refreshed at most every 0.5 s)."""
+        now = time.monotonic()
+        if refresh or now - self._workers_at > _REFRESH_S:
+            self._workers = dict(self._fetch())
+            self._workers_at = now
+        return self._workers
+
+    def mark_stale(self) -> None:
+        """The worker list changed: fetch it again at the next look."""
+        self._workers_at = _STALE
+
+    def suspect(self, addr: str) -> None:
+        """We lost contact with ``addr``: do not choose it for a few seconds, while the
+        scheduler decides whether it is gone."""
+        self._suspect[addr] = time.monotonic() + _SUSPECT_S
+
+    def capacities(self) -> dict[str, dict[str, float]]:
+        return {addr: worker_capacity(w) for addr, w in self.workers().items()}
+
+    def free(self, addr: str) -> dict[str, float]:
+        info = self.workers().get(addr)
+        if info is None:  # it left between two lookups (the list refreshes every 0.5 s)
+            return {}
+        cap = worker_capacity(info)
+        used = self._used.get(addr, {})
+        return {k: v - used.get(k, 0.0) for k, v in cap.items()}
+
+    def can_ever_fit(self, resources: dict[str, float]) -> str | None:
+        """None if some worker could hold ``resources`` when idle, else why not."""
+        caps = self.capacities()
+        if not caps:
+            return None  # no workers yet: an elastic cluster may add some
+        for cap in caps.values():
+            if all(cap.get(k, 0.0) >= v for k, v in resources.items() if v > 0):
+                return None
+        offers = "; ".join(f"{addr}: {format_resources(c)}" for addr, c in sorted(caps.items()))
+        missing = sorted({k for k, v in resources.items() if v > 0
+                          and all(c.get(k, 0.0) < v for c in caps.values())})
+        return (f"no worker offers {format_resources(resources)} "
+                f"(short of {', '.join(missing)}); workers offer: {offers}")
+
+    def place(self, resources: dict[str, float]) -> str | None:
+        """The worker with the most free CPU that fits ``resources`` now, or None."""
+        best, best_cpu = None, -1.0
+        now = time.monotonic()
+        for addr in sorted(self.workers()):
+            if addr in self.retiring or addr in self.gone or addr in self.excluded or \
+                    self._suspect.get(addr, 0.0) > now:
+                continue
+            free = self.free(addr)
+            if all(free.get(k, 0.0) >= v - 1e-9 for k, v in resources.items() if v > 0):
+                gpus = resources.get("GPU", 0.0)
+                if gpus:
+                    alloc = self._gpu_alloc(addr)
+                    if alloc.allocate("__probe__", gpus, self._devices(addr)) is None:
+                        continue
+                    alloc.release("__probe__")
+                cpu = free.get("CPU", 0.0) - resources.get("CPU", 0.0)
+                if cpu > best_cpu:
+                    best, best_cpu = addr, cpu
+        return best
+
+    # ------------------------------------------------------------ accounting
+    def take(self, addr: str, trial_id: str, resources: dict[str, float]) -> list[str]:
+        """Count ``resources`` as used on ``addr`` by ``trial_id``; its GPU devices."""
+        self.add(addr, resources)
+        gpus = resources.get("GPU", 0.0)
+        if not gpus:
+            return []
+        return self._gpu_alloc(addr).allocate(trial_id, gpus, self._devices(addr)) or []
+
+    def add(self, addr: str, resources: dict[str, float]) -> None:
+        """Count ``resources`` as used on ``addr`` (devices are not allocated)."""
+        used = self._used.setdefault(addr, {})
+        for k, v in resources.items():
+            used[k] = used.get(k, 0.0) + v
+
+    def give_back(self, addr: str, trial_id: str, resources: dict[str, float]) -> None:
+        """Undo :meth:`take`."""
+        used = self._used.get(addr, {})
+        for k, v in resources.items():
+            used[k] = used.get(k, 0.0) - v
+        if addr in self._gpus:
+            self._gpus[addr].release(trial_id)
+
+    def _gpu_alloc(self, addr: str) -> GPUAllocator:
+        return self._gpus.setdefault(addr, GPUAllocator())
+
+    def _devices(self, addr: str) -> list[str]:
+        info = self.workers().get(addr, {})
+        return worker_devices(worker_capacity(info).get("GPU", 0.0))
