@@ -22,8 +22,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import cloudpickle
-
 from dasktune import _dask_config
 from dasktune.callback import Callback, CallbackList
 from dasktune.checkpoint import Checkpoint
@@ -40,9 +38,10 @@ from dasktune.executor import (
     ExecEvent,
 )
 from dasktune.logger import EXPR_ERROR_FILE
-from dasktune.result import EARLY_STOPPED, SHOULD_CHECKPOINT
+from dasktune.result import EARLY_STOPPED, SHOULD_CHECKPOINT, reported_keys
 from dasktune.results import AUTO_RESULT_KEYS, TuneError
 from dasktune.session import TrialSpec
+from dasktune.shipping import dumps_trainable
 from dasktune.storage import StorageError
 from dasktune.trial import ERROR, PAUSED, PENDING, RUNNING, TERMINATED, Placement, Trial
 
@@ -131,7 +130,7 @@ class TuneController:
         self._reuse_instances = bool(getattr(self.tune_config, "reuse_actors", False))
         # Pickled here, once, with cloudpickle: Dask would send an importable function by
         # reference, which fails on workers that cannot import the user's module.
-        self._trainable_blob = cloudpickle.dumps(trainable)
+        self._trainable_blob = dumps_trainable(trainable)
         self.trainable_name = trainable_name
         self.storage = storage
         self.search_alg = search_alg
@@ -772,11 +771,10 @@ class TuneController:
         metrics = self.metric if isinstance(self.metric, (list, tuple)) else [self.metric]
         for m in metrics:
             if m not in result:
-                keys = sorted(k for k in result if k != "config")
                 self._stop_with_error(
                     trial,
                     f"trial {trial.trial_id} reported a result without the metric {m!r} "
-                    f"set in TuneConfig (reported keys: {keys})",
+                    f"set in TuneConfig ({reported_keys(result)})",
                 )
                 return False
         return True

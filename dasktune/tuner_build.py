@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 
 from dasktune.trainable import unwrap
+from dasktune.trial_notices import TrialNotices
 
 if TYPE_CHECKING:
     from dasktune.callback import Callback
@@ -138,6 +139,8 @@ def make_callbacks(rc: RunConfig, client: Any, storage: ExperimentStorage, name:
     from dasktune.logger import DEFAULT_LOGGERS
 
     callbacks = list(rc.callbacks or [])
+    if rc.verbose is None or rc.verbose >= 1:  # Ray prints trial errors from verbosity 1
+        callbacks.append(TrialNotices())
     # Ray's switch for the default JSON/CSV/TensorBoard loggers.
     if os.environ.get("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "0") != "1":
         for cls in DEFAULT_LOGGERS:
