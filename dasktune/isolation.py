@@ -45,6 +45,7 @@ import cloudpickle
 from dasktune import _dask_config, scratch
 from dasktune.attempt import Attempt
 from dasktune.resources import parse_visible_devices
+from dasktune.shipping import dumps_trainable
 
 if TYPE_CHECKING:
     from dasktune.session import TrialSpec
@@ -111,7 +112,7 @@ def run_in_process(attempt: Attempt, worker_address: str) -> None:
     spec = copy.copy(attempt.spec)
     devices = child_devices(list(spec.gpu_ids))
     spec.gpu_ids = devices
-    spec.trainable = cloudpickle.dumps(attempt.spec.trainable)
+    spec.trainable = dumps_trainable(attempt.spec.trainable)
     payload = cloudpickle.dumps((spec, attempt.params, worker_address))
 
     env = dict(os.environ)

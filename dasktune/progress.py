@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 from dasktune import _dask_config
+from dasktune.logger import flatten_dict
 from dasktune.trial import ERROR, PAUSED, PENDING, RUNNING, TERMINATED
 
 if TYPE_CHECKING:
@@ -153,9 +154,11 @@ class ProgressReporter:
         rows = sorted(trials, key=self._sort_key)
         lines = [head]
         shown = rows[: self.max_rows]
-        params = self.parameter_columns or {}
+        # Ray's default: a column per sampled hyperparameter (the trials' evaluated_params).
+        params = self.parameter_columns if self.parameter_columns is not None \
+            else _evaluated_columns(shown)
         metrics = self.metric_columns
-        cols = ["trial", "status", *params.values(), "iter",
+        cols = ["trial", "status", *(_cell(h) for h in params.values()), "iter",
                 *(metrics.values() if metrics is not None else [self.metric or ""]), "worker"]
         with_config = self.verbose >= 3 and self.parameter_columns is None
         if with_config:
@@ -168,7 +171,7 @@ class ProgressReporter:
             else:
                 values = [_cell(_lookup(t.last_result, k)) for k in metrics]
             row = [("* " if t is best else "  ") + t.trial_id, t.status,
-                   *(_cell(_lookup(t.config, k)) for k in params),
+                   *(_cell(_param(t, k)) for k in params),
                    str(t.last_result.get("training_iteration", "")), *values,
                    t.placements[-1].host if t.placements else ""]
             if with_config:
@@ -202,6 +205,19 @@ def _columns(columns: Sequence[str] | Mapping[str, str] | None, what: str
         raise TypeError(f"{what} must be a list of names or a dict name -> header, "
                         f"got {columns!r}")
     return {str(k): str(k) for k in columns}
+
+
+def _evaluated_columns(trials: Sequence[Trial]) -> dict[str, str]:
+    """key -> header for every hyperparameter the searcher chose for these trials."""
+    keys: dict[str, None] = {}
+    for t in trials:
+        keys.update(dict.fromkeys(flatten_dict(t.evaluated_params or {}, delimiter="/")))
+    return {k: k for k in keys}
+
+
+def _param(trial: Trial, key: str) -> Any:
+    value = _lookup(trial.evaluated_params or {}, key)
+    return _lookup(trial.config, key) if value is None else value
 
 
 def _lookup(values: Mapping[str, Any], key: str) -> Any:

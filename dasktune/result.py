@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 TRAINING_ITERATION = "training_iteration"
 TIME_THIS_ITER_S = "time_this_iter_s"
 TIME_TOTAL_S = "time_total_s"
@@ -26,3 +28,12 @@ AUTO_RESULT_KEYS = (
     "time_since_restore", "timestamp", "date", "done", "trial_id", "experiment_tag", "pid",
     "hostname", "node_ip", "worker", "config", "checkpoint_dir_name",
 )
+
+
+def reported_keys(keys: Iterable[str]) -> str:
+    """``reported keys: [the trainable's own], and the automatic ...``: for messages about a
+    missing key, the user's own keys first rather than behind a dozen automatic ones."""
+    keys = set(keys) - {"config"}
+    text = f"reported keys: {sorted(k for k in keys if k not in AUTO_RESULT_KEYS)}"
+    auto = sorted(k for k in keys if k in AUTO_RESULT_KEYS)
+    return f"{text}, and the automatic {', '.join(auto)}" if auto else text

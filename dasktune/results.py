@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from dasktune.checkpoint import Checkpoint
 from dasktune.logger import EXPR_PROGRESS_FILE, EXPR_RESULT_FILE, flatten_dict
+from dasktune.result import reported_keys
 from dasktune.trial import ERROR, TERMINATED, Trial
+from dasktune.trial_notices import last_error_line
 
 if TYPE_CHECKING:
     import fsspec
@@ -192,11 +194,14 @@ class ResultGrid:
                 best_i, best_v = i, value
         if best_i is None:
             if not seen_metric:
-                reported = sorted({k for t in self._trials for k in t.last_result} - {"config"})
+                reported = {k for t in self._trials for k in t.last_result}
+                errors = [t.error_msg for t in self._trials if t.error_msg]
+                if reported or not errors:
+                    why = reported_keys(reported) if reported else "no trial reported a result"
+                else:  # refused before it was recorded, e.g. by the missing-metric check
+                    why = f"no result recorded; a trial's error: {last_error_line(errors[0])}"
                 raise MetricNotFoundError(
-                    f"get_best_result: no trial reported the metric {metric!r} "
-                    f"(reported keys: {reported})"
-                )
+                    f"get_best_result: no trial reported the metric {metric!r} ({why})")
             raise RuntimeError(
                 f"get_best_result: every trial's {metric!r} is NaN/inf; pass "
                 "filter_nan_and_inf=False to pick among them"

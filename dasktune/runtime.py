@@ -12,7 +12,9 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 import threading
+import warnings
 from typing import Any
 
 import dask.config
@@ -51,6 +53,20 @@ class _QuietClose(logging.Filter):
 
 _QUIET_CLOSE = _QuietClose()
 logging.getLogger("distributed.batched").addFilter(_QUIET_CLOSE)
+
+
+def _dashboard_address() -> str:
+    """Dask's dashboard port 8787 when it is free, else a free one: a second cluster on
+    the machine is common, and distributed's "Port 8787 is already in use" warning says
+    nothing the printed link does not."""
+    import socket
+
+    with socket.socket() as probe:
+        try:
+            probe.bind(("", 8787))
+        except OSError:
+            return ":0"
+    return ":8787"
 
 
 def _local_cluster(num_cpus: int | None = None, **kwargs: Any) -> Any:
@@ -98,7 +114,7 @@ def _local_cluster(num_cpus: int | None = None, **kwargs: Any) -> Any:
     name = kwargs.pop("name", None) or "dasktune-local"
     sync_interval = kwargs.pop("scheduler_sync_interval", 1)
     security = kwargs.pop("security", None)
-    scheduler_opts: dict[str, Any] = {"host": host, "dashboard_address": ":8787"}
+    scheduler_opts: dict[str, Any] = {"host": host, "dashboard_address": _dashboard_address()}
     scheduler_opts.update(kwargs.pop("scheduler_kwargs", None) or {})
     for key in _SCHEDULER_ARGS:
         if key in kwargs and key != "scheduler_kwargs":
@@ -149,10 +165,12 @@ def _local_cluster(num_cpus: int | None = None, **kwargs: Any) -> Any:
             continue
         opts.update({"silence_logs": silence_logs, **worker_kwargs})
         # Import the trial actor's module while the worker starts (init waits for the
-        # workers), not inside the first trial's start-up.
+        # workers), not inside the first trial's start-up; the worker and its nanny leave
+        # at once, silently, when this process dies (dasktune.orphan_watch).
         preload = opts.get("preload") or []
         opts["preload"] = [*([preload] if isinstance(preload, str) else preload),
-                           *([] if "dasktune.actor" in preload else ["dasktune.actor"])]
+                           *([] if "dasktune.actor" in preload else ["dasktune.actor"]),
+                           "dasktune.orphan_watch"]
         if env:
             opts["env"] = env
         try:
@@ -164,9 +182,12 @@ def _local_cluster(num_cpus: int | None = None, **kwargs: Any) -> Any:
                                   "options": {"worker_class": "distributed.Nanny",
                                               "worker_kwargs": opts}}
     scheduler = {"cls": Scheduler, "options": scheduler_opts}
-    return SpecCluster(workers=workers, scheduler=scheduler, silence_logs=silence_logs,
-                       name=name, scheduler_sync_interval=sync_interval,
-                       security=security)
+    with warnings.catch_warnings():
+        # 8787 taken between the probe and the bind: the link printed says where it is.
+        warnings.filterwarnings("ignore", message="Port 8787 is already in use")
+        return SpecCluster(workers=workers, scheduler=scheduler, silence_logs=silence_logs,
+                           name=name, scheduler_sync_interval=sync_interval,
+                           security=security)
 
 
 def init(address: str | None = None, *, security: Any = None, num_cpus: int | None = None,
@@ -227,6 +248,11 @@ def init(address: str | None = None, *, security: Any = None, num_cpus: int | No
             _client = Client(_cluster, set_as_default=False,
                              **({"security": security} if security is not None else {}))
             _wait_for_local_workers(_client, len(_cluster.worker_spec))
+            if _client.dashboard_link and _cluster.scheduler_spec["options"].get("dashboard",
+                                                                                True):
+                # Ray prints its dashboard's address at init; the port may not be 8787.
+                print(f"Dask dashboard: {_client.dashboard_link} (trials: /dasktune)",
+                      file=sys.stderr)
         return _client
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from dasktune import scratch
 from dasktune.checkpoint import Checkpoint
+from dasktune.result import reported_keys
 from dasktune.storage import CommitFenced
 
 if TYPE_CHECKING:
@@ -202,7 +203,7 @@ def stop_dict_hit(stop: dict[str, Any] | None, result: dict[str, Any]) -> bool:
         if key not in result:
             raise ValueError(
                 f"stop criterion {key!r} is not in the reported result "
-                f"(reported keys: {sorted(k for k in result if k != 'config')})"
+                f"({reported_keys(result)})"
             )
         if result[key] >= bound:
             return True

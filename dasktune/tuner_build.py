@@ -18,6 +18,7 @@ import cloudpickle
 
 from dasktune.policy_log import PBTPolicyLogger
 from dasktune.trainable import unwrap
+from dasktune.trial_notices import TrialNotices
 
 if TYPE_CHECKING:
     from dasktune.callback import Callback
@@ -140,6 +141,8 @@ def make_callbacks(rc: RunConfig, client: Any, storage: ExperimentStorage, name:
 
     callbacks = list(rc.callbacks or [])
     callbacks.append(PBTPolicyLogger())  # writes nothing unless PBT exploits with log_config
+    if rc.verbose is None or rc.verbose >= 1:  # Ray prints trial errors from verbosity 1
+        callbacks.append(TrialNotices())
     # Ray's switch for the default JSON/CSV/TensorBoard loggers.
     if os.environ.get("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "0") != "1":
         for cls in DEFAULT_LOGGERS:

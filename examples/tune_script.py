@@ -22,7 +22,7 @@ def trainable(config):
     for step in range(config["steps"]):
         tune.report({"iterations": step, "mean_loss": objective(step, config["width"],
                                                                  config["height"])})
-        time.sleep(0.01)
+        time.sleep(0.03)  # ~3 s a trial: long enough to be caught running (chaos)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,10 @@ fi
 
 if ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) \
+    # apt's and dpkg's progress ("Setting up ...", hundreds of lines) to /dev/null; their
+    # warnings and errors go to stderr and stay visible.
+    (apt-get update -qq >/dev/null \
+      && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
       || echo "warning: could not install chromium"
   fi
 fi

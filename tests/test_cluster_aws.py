@@ -354,6 +354,21 @@ def head_cli(dask_processes, monkeypatch, tmp_path):
         if proc.poll() is None:
             proc.kill()
         proc.wait(10)
+    _kill_driver(tmp_path / "pid")
+
+
+def _kill_driver(pid_file) -> None:
+    """The driver a test's submit started on the head (its PID in ``pid_file``), if it
+    still runs: a failed test must not leave it behind."""
+    import psutil
+
+    try:
+        driver = psutil.Process(int(pid_file.read_text()))
+        if str(pid_file) in driver.cmdline():  # that driver, not a reused PID
+            driver.kill()
+            driver.wait(10)
+    except (FileNotFoundError, ValueError, psutil.Error):
+        pass
 
 
 def test_submit_streams_the_driver_output_and_passes_its_exit_status(head_cli, tmp_path):

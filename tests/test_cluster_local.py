@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import stat
 import subprocess
 import sys
@@ -66,8 +67,11 @@ TUNER = textwrap.dedent("""
 """)
 
 
+_CMD = [sys.executable, "-c", "from dasktune.cli import main; main()"]
+
+
 def _cli(env, *args, check=True, timeout=60):
-    r = subprocess.run([sys.executable, "-c", "from dasktune.cli import main; main()", *args],
+    r = subprocess.run([*_CMD, *args],
                        env=env, capture_output=True, text=True, timeout=timeout)
     if check:
         assert r.returncode == 0, f"dasktune {' '.join(args)} failed:\n{r.stdout}\n{r.stderr}"
@@ -101,12 +105,17 @@ def test_up_status_submit_kill_down(env, tmp_path):
         r = _cli(env, "up", "cluster/local.yaml", "-y", "-n", name)
         assert "workers joined 2/2" in r.stderr
         path, state = _state(env, name)
-        pids = [p["pid"] for p in state["processes"]]
+        # The scheduler; its pool owns the workers (and replaces them, below).
+        pids = [p["pid"] for p in state["processes"]] + _pool_pids(env, name)
         assert len(pids) == 3 and all(_alive(p) for p in pids)
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
 
         r = _cli(env, "status", "cluster/local.yaml", "-n", name)
         assert "address:   tcp://127.0.0.1:" in r.stdout
+        # `status | head -1` ends quietly when head goes away.
+        head = subprocess.run(f"{shlex.join(_CMD)} status cluster/local.yaml -n {name} | head -1",
+                              shell=True, env=env, capture_output=True, text=True, timeout=60)
+        assert head.stdout.startswith("cluster:") and head.stderr == "", head.stderr
         assert "workers:   2" in r.stdout and r.stdout.count("CPU=1") == 2
         assert "dashboard: http://127.0.0.1:" in r.stdout
 
@@ -125,9 +134,19 @@ def test_up_status_submit_kill_down(env, tmp_path):
         killed = int(r.stdout.split("PID ")[1].rstrip(")\n"))
         assert killed in pids and not _alive(killed)
 
+        # min_workers holds: a replacement starts without a second `up` (as Ray's
+        # autoscaler replaces a lost node).
+        first = set(pids)
+
+        def replaced():
+            new = set(_pool_pids(env, name)) - first
+            pids.extend(new - set(pids))
+            return new and "workers:   2" in _cli(env, "status", "cluster/local.yaml", "-n",
+                                                   name).stdout
+        wait_for(replaced, timeout=60, what="a replacement worker")
         wait_for(lambda: "all 16 trials done" in logs(), timeout=40, what="every trial")
         r = _cli(env, "status", "cluster/local.yaml", "-n", name)
-        assert "workers:   1" in r.stdout and "finished" in r.stdout
+        assert "workers:   2" in r.stdout and "finished" in r.stdout
 
         _cli(env, "down", "cluster/local.yaml", "-y", "-n", name)
         assert [p for p in pids if _alive(p)] == []
@@ -310,12 +329,20 @@ def test_graceful_retire_exec_rsync(env, tmp_path):
         r = _cli(env, "exec", "cluster/local.yaml", "echo $DASK_SCHEDULER_ADDRESS", "-n", name)
         assert r.stdout.startswith("tcp://127.0.0.1:")
 
+        workers = set(_pool_pids(env, name))
+        pids += list(workers)
         r = _cli(env, "kill-random-worker", "cluster/local.yaml", "-n", name)
         assert r.stdout.startswith("retired tcp://127.0.0.1:")
-        wait_for(lambda: "workers:   1" in _cli(env, "status", "cluster/local.yaml", "-n",
-                                                 name).stdout, timeout=20, what="the retire")
-        r = _cli(env, "up", "cluster/local.yaml", "-y", "-n", name)  # tops up, keeps the rest
-        assert "starting 1 worker(s)" in r.stderr and "workers joined 2/2" in r.stderr
+        retired = r.stdout.split()[1]
+
+        def replaced():  # the pool keeps min_workers: a new worker for the retired one
+            now = set(_pool_pids(env, name))
+            pids.extend(now - set(pids))
+            out = _cli(env, "status", "cluster/local.yaml", "-n", name).stdout
+            return len(now - workers) == 1 and "workers:   2" in out and retired not in out
+        wait_for(replaced, timeout=60, what="the retire and a replacement worker")
+        r = _cli(env, "up", "cluster/local.yaml", "-y", "-n", name)  # nothing to top up
+        assert "starting 0 worker(s)" in r.stderr and "workers joined 2/2" in r.stderr
         state = _state(env, name)[1]
         sched = [p["pid"] for p in state["processes"] if p["role"] == "scheduler"]
         assert sched == [pids[0]]  # the same scheduler: nothing was restarted

@@ -60,3 +60,18 @@ def test_hundred_trials_stay_compact():
                            out=io.StringIO(), period=0)
     text = rep.render(_trials(100))
     assert len(text.splitlines()) <= 24 and "+80 more" in text
+
+
+def test_table_shows_each_trials_hyperparameters_as_rays_does():
+    """A column per sampled hyperparameter (nested ones as ``a/b``), values cut at 20
+    characters; constants of the config stay out, as in Ray's default table."""
+    trials = _trials(2)
+    for i, t in enumerate(trials):
+        t.evaluated_params = {"lr": 0.1 * (i + 1), "net": {"act": "relu" * (6 if i else 1)}}
+    rep = ProgressReporter(verbose=2, metric="loss", mode="min", out=io.StringIO(), period=0)
+    lines = rep.render(trials).splitlines()
+    assert lines[1:] == [
+        "trial        status      lr   net/act               iter  loss  worker",
+        "* abc_00001  RUNNING     0.2  relurelurelurelur...  2     9     node1",
+        "  abc_00000  TERMINATED  0.1  relu                  1     10    node1",
+    ]

@@ -252,3 +252,111 @@ def moto_s3_process() -> Iterator[MotoProcess]:
     server = MotoProcess()
     yield server
     server.stop()
+
+
+# ------------------------------------------------------------------ the stores under test
+# gcsfs reads this at import: its experimental (HNS) client does not talk to the emulator.
+# Set here, at collection, so the embedded cluster's workers inherit it too.
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+
+class GcsEmulator:
+    """``gcp-storage-emulator`` over HTTP on a free port, in a process of its own."""
+
+    def __init__(self) -> None:
+        import subprocess
+        import sys
+
+        from conftest import free_port, wait_for
+
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from gcp_storage_emulator.__main__ import main; main()",
+             "start", "--host", "127.0.0.1", "--port", str(self.port), "--in-memory", "-q"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        def listening() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"GCS emulator exited with {self.proc.returncode}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                return True
+            except OSError:
+                return False
+
+        wait_for(listening, timeout=60, what="the GCS emulator to listen")
+
+    def stop(self) -> None:
+        self.proc.kill()  # only the process this fixture started
+        self.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator() -> Iterator[GcsEmulator]:
+    pytest.importorskip("gcsfs")
+    pytest.importorskip("gcp_storage_emulator")
+    server = GcsEmulator()
+    yield server
+    server.stop()
+
+
+class S3Store:
+    """moto's S3 server as the tests' object store."""
+
+    scheme = "s3"
+
+    def __init__(self, server: MotoS3) -> None:
+        self.endpoint, self.port, self._server = server.endpoint, server.port, server
+        self.env = AWS_ENV
+
+    def new_bucket(self) -> str:
+        return self._server.new_bucket()
+
+    def options(self, endpoint: str | None = None) -> dict[str, Any]:
+        return s3_options(endpoint or self.endpoint)
+
+    def fs(self) -> Any:
+        return s3_fs(self.endpoint)
+
+    def fs_code(self) -> str:
+        """Python that makes ``fs`` in a fresh process."""
+        return f"import s3fs\nfs = s3fs.S3FileSystem(**{self.options()!r})"
+
+    def set_retries(self, client: Any, n: int | None) -> int | None:
+        return set_s3fs_retries(client, n) if n is not None else None
+
+
+class GcsStore:
+    """The GCS emulator as the tests' object store: gcsfs finds it through
+    ``STORAGE_EMULATOR_HOST`` (in the driver and every worker), or ``endpoint_url``."""
+
+    scheme = "gs"
+
+    def __init__(self, server: GcsEmulator) -> None:
+        self.endpoint, self.port = server.endpoint, server.port
+        self.env = {"STORAGE_EMULATOR_HOST": server.endpoint}
+
+    def new_bucket(self) -> str:
+        name = f"dt-{uuid.uuid4().hex[:10]}"
+        self.fs().mkdir(name)
+        return name
+
+    def options(self, endpoint: str | None = None) -> dict[str, Any]:
+        opts: dict[str, Any] = {"token": "anon", "project": "dasktune-test",
+                                "skip_instance_cache": True}
+        if endpoint is not None:  # else STORAGE_EMULATOR_HOST
+            opts["endpoint_url"] = endpoint
+        return opts
+
+    def fs(self) -> Any:
+        import gcsfs
+
+        os.environ.update(self.env)
+        return gcsfs.GCSFileSystem(**self.options())
+
+    def fs_code(self) -> str:
+        return f"import gcsfs\nfs = gcsfs.GCSFileSystem(**{self.options(self.endpoint)!r})"
+
+    def set_retries(self, client: Any, n: int | None) -> int | None:
+        return None  # gcsfs fixes its retries (6, with backoff) when it is imported

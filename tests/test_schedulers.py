@@ -99,8 +99,9 @@ def test_metric_needed_and_missing_keys_named():
                                           hyperparam_mutations={"i": [0, 1]})):
         trial = make_trials(1)[0]
         sched.on_trial_add(ctx, trial)
-        with pytest.raises(ValueError, match=r"without 'loss' \(reported keys: \['acc', "
-                                             r"'training_iteration'\]\)"):
+        # The trainable's own keys first, then the automatic ones.
+        with pytest.raises(ValueError, match=r"without 'loss' \(reported keys: \['acc'\], "
+                                             r"and the automatic training_iteration\)"):
             sched.on_trial_result(ctx, trial, {"acc": 1.0, "training_iteration": 1})
         with pytest.raises(ValueError, match="without 'training_iteration'"):
             sched.on_trial_result(ctx, trial, {"loss": 1.0})

@@ -33,8 +33,8 @@ def _fails_cleanly(fn: Callable[..., Any]) -> Callable[..., Any]:
         ctx = click.get_current_context()
         try:
             return fn(*args, **kwargs)
-        except (click.ClickException, click.exceptions.Exit, click.Abort):
-            raise
+        except (click.ClickException, click.exceptions.Exit, click.Abort, BrokenPipeError):
+            raise  # click ends a closed pipe (`status | head`) quietly
         except Exception as e:  # noqa: BLE001 - the CLI boundary
             if ctx.find_root().obj and ctx.find_root().obj.get("verbose"):
                 raise

@@ -14,7 +14,7 @@ from dasktune.cli import main
 
 
 def _fail(ctx: click.Context, exc: BaseException) -> None:
-    if ctx.obj and ctx.obj.get("verbose"):
+    if isinstance(exc, BrokenPipeError) or (ctx.obj and ctx.obj.get("verbose")):
         raise exc
     click.echo(f"error: {exc}", err=True)
     sys.exit(1)

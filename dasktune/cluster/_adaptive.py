@@ -1,6 +1,7 @@
 """Adaptive scaling of a local cluster, from inside its detached scheduler process.
 
-``min_workers < max_workers`` in a local cluster file: ``up`` starts ``dask scheduler
+Every local cluster with workers (``min_workers <= max_workers``; a pool of fixed size
+replaces the workers that die): ``up`` starts ``dask scheduler
 --preload dasktune.cluster._adaptive --dasktune-pool POOL.json``; :func:`dask_setup` installs
 :class:`LocalWorkerPool`, which owns every worker process of the cluster. It is Dask's
 :class:`~distributed.deploy.adaptive_core.AdaptiveCore` (the plan / requested / observed
@@ -97,8 +98,9 @@ class LocalWorkerPool(AdaptiveCore, SchedulerPlugin):
     # ------------------------------------------------------------ plugin hooks
     async def start(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
-        scheduler.set_metadata(keys=METADATA_KEY,
-                               value={"minimum": self.minimum, "maximum": self.maximum})
+        if self.maximum > self.minimum:  # a pool of fixed size only replaces the dead
+            scheduler.set_metadata(keys=METADATA_KEY,
+                                   value={"minimum": self.minimum, "maximum": self.maximum})
         self._write_records()
         await self._adapt()  # the minimum at once, not one interval later
         self._periodic = PeriodicCallback(self._adapt, self.interval * 1000)

@@ -4,9 +4,10 @@ Each process gets its own session (so a closing terminal does not take it along)
 recorded with its start time, so ``down`` kills exactly the processes it started even if a
 PID was reused meanwhile.
 
-``min_workers < max_workers``: the workers belong to an adaptive pool inside the scheduler
-process (:mod:`dasktune.cluster._adaptive`), which records them in its own file; ``down``
-stops the pool from adapting before it stops the processes.
+The workers belong to a pool inside the scheduler process (:mod:`dasktune.cluster._adaptive`),
+which keeps ``min_workers`` running (a worker that dies is replaced) and, with
+``min_workers < max_workers``, adapts between the two; it records them in its own file;
+``down`` stops the pool from adapting before it stops the processes.
 """
 
 from __future__ import annotations
@@ -154,7 +155,7 @@ class LocalProvider(ClusterProvider):
         tls_args = _tls_args(tls)
         sched_file = self.state.dir / "scheduler.json"
         sched_file.unlink(missing_ok=True)
-        preload = self._pool_args(tls_args) if self.config.adaptive else []
+        preload = self._pool_args(tls_args) if self._pooled else []
         # Detached jobs outlive a restart of the Dask processes: keep their records (and
         # the cluster file's path) so `logs` reads them and `down` still stops them.
         state: dict[str, Any] = {"name": self.name, "provider": "local", "processes": [],
@@ -178,7 +179,7 @@ class LocalProvider(ClusterProvider):
             state.update(scheduler_address=address,
                          dashboard_url=f"http://127.0.0.1:{dash}/status" if dash else None)
             self.state.write(state)
-            if not self.config.adaptive:  # else the pool starts min_workers itself
+            if not self._pooled:  # else the pool starts min_workers itself
                 self._start_workers(state, self._n_workers)
             self.wait_for_workers(self._n_workers, timeout, progress)
         except BaseException:
@@ -188,6 +189,11 @@ class LocalProvider(ClusterProvider):
             self.state.remove(keep_logs=True)
             raise
         return state
+
+    @property
+    def _pooled(self) -> bool:
+        """Whether a pool owns the workers: always, but for a cluster of no workers."""
+        return self.config.max_workers > 0
 
     @property
     def _n_workers(self) -> int:
@@ -260,8 +266,8 @@ class LocalProvider(ClusterProvider):
         """``up`` on a running cluster: replace workers that died, keep the rest."""
         state["processes"] = [r for r in state["processes"] if _alive(r)]
         live = sum(r["role"] == "worker" for r in state["processes"])
-        # An adaptive pool replaces the workers that died by itself.
-        missing = 0 if self.config.adaptive else max(0, self._n_workers - live)
+        # The pool replaces the workers that died by itself.
+        missing = 0 if self._pooled else max(0, self._n_workers - live)
         progress(f"cluster {self.name!r} is already up at {state['scheduler_address']}; "
                  f"starting {missing} worker(s)")
         self._start_workers(state, missing)

@@ -18,8 +18,6 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-import cloudpickle
-
 from dasktune import _dask_config
 from dasktune.callback import Callback, CallbackList
 from dasktune.driver.checkpoint_book import CheckpointBook
@@ -33,6 +31,7 @@ from dasktune.execution import EventKind
 from dasktune.resources import worker_capacity
 from dasktune.schedulers import FIFOScheduler, Reconfigure, TrialScheduler
 from dasktune.session import TrialSpec
+from dasktune.shipping import dumps_trainable
 from dasktune.trial import PAUSED, PENDING, RUNNING, Placement, Trial
 
 if TYPE_CHECKING:
@@ -119,7 +118,7 @@ class TuneController(TrialEvents):
         self.trainable = plan.trainable
         # Pickled here, once, with cloudpickle: Dask would send an importable function by
         # reference, which fails on workers that cannot import the user's module.
-        self._trainable_blob = cloudpickle.dumps(plan.trainable)
+        self._trainable_blob = dumps_trainable(plan.trainable)
         self.storage: ExperimentStorage = plan.storage
         self.search_alg = search_alg
         self.scheduler = scheduler

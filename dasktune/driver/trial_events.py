@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from dasktune.driver.decisions import Continue, Pause, Stop, Verdict, Winding, decide
 from dasktune.execution import EventKind, ExecEvent, Report
-from dasktune.result import EARLY_STOPPED, SHOULD_CHECKPOINT
+from dasktune.result import EARLY_STOPPED, SHOULD_CHECKPOINT, reported_keys
 from dasktune.results import AUTO_RESULT_KEYS, TuneError
 from dasktune.schedulers import Exploit, Reconfigure
 from dasktune.trainable import is_class_trainable
@@ -158,11 +158,10 @@ class TrialEvents:
         metrics = self.metric if isinstance(self.metric, (list, tuple)) else [self.metric]
         for m in metrics:
             if m not in result:
-                keys = sorted(k for k in result if k != "config")
                 self._stop_with_error(
                     trial,
                     f"trial {trial.trial_id} reported a result without the metric {m!r} "
-                    f"set in TuneConfig (reported keys: {keys})",
+                    f"set in TuneConfig ({reported_keys(result)})",
                 )
                 return False
         return True

@@ -34,6 +34,7 @@ import pickle
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from dasktune.result import reported_keys
 from dasktune.trial import PAUSED, PENDING
 
 if TYPE_CHECKING:
@@ -125,10 +126,9 @@ def result_value(result: dict[str, Any], key: str, trial: Trial, where: str) -> 
     try:
         return result[key]
     except KeyError:
-        keys = sorted(k for k in result if k != "config")
         raise ValueError(
             f"{where}: trial {trial.trial_id} reported a result without {key!r} "
-            f"(reported keys: {keys})"
+            f"({reported_keys(result)})"
         ) from None
 
 
