@@ -24,6 +24,10 @@ CLI's ``Nanny.close(timeout=10)``), so keep the timeout below that. With
 ``--no-nanny`` a SIGTERM gives no such chance: the trials are lost and restart from
 their newest committed checkpoints.
 
+A worker inside a batch job retires itself before the job's time limit
+(:class:`~dasktune.cluster.walltime.WalltimePlugin`, installed by :func:`register`
+with the others), which is the graceful path above.
+
 A trial whose driver is gone must not run on: its thread cannot be killed, and it
 would go on committing checkpoints into the folder a restored driver's new attempt
 writes to. :class:`FencePlugin`, a worker plugin, stops a trial's attempt the
@@ -45,6 +49,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
+
+from dasktune.cluster.walltime import PLUGIN_NAME as WALLTIME_PLUGIN_NAME
+from dasktune.cluster.walltime import WalltimePlugin
 
 if TYPE_CHECKING:
     from distributed import Scheduler, Worker
@@ -200,4 +207,10 @@ def register(client: Any) -> bool:
         logging.getLogger(__name__).warning(
             "could not register the dasktune fence plugin on the workers (%r); a trial "
             "whose driver is gone stops only after dasktune.executor.orphan-timeout.", exc)
+    try:
+        client.register_plugin(WalltimePlugin(), name=WALLTIME_PLUGIN_NAME)
+    except Exception as exc:  # noqa: BLE001 - then --lifetime is the only warning
+        logging.getLogger(__name__).warning(
+            "could not register the dasktune walltime plugin on the workers (%r); workers "
+            "in batch jobs lose their trials at the job's time limit.", exc)
     return True

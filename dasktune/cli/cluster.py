@@ -194,6 +194,14 @@ def status(cluster_file: str, name: str | None) -> None:
         mem_s = f"{mem / 2**30:.1f} GiB" if mem else "-"
         click.echo(f"  {w['name']:<28} {w['address']:<26} threads={w['nthreads']} "
                    f"mem={mem_s} {_fmt_resources(w['resources'])}")
+    if hasattr(p, "batch_jobs"):
+        batch = p.batch_jobs()
+        click.echo(f"{p.kind} jobs: {len(batch)}")
+        for j in batch:
+            left = j["time_left"]
+            left_s = "-" if left is None else time.strftime("%H:%M:%S", time.gmtime(left))
+            click.echo(f"  {j['job_id']:<10} {j['name']:<20} {j['state'].lower():<10} "
+                       f"time left {left_s}")
     jobs = p.jobs() if hasattr(p, "jobs") else []
     if jobs:
         click.echo("jobs:")

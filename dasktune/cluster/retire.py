@@ -1,0 +1,27 @@
+"""A worker asks the scheduler to retire it: the one graceful way out for a worker that
+knows it is about to go (a spot notice, the end of its batch job).
+
+Retiring through the scheduler changes the worker's status to ``closing_gracefully``,
+which :class:`dasktune.recovery.RecoveryPlugin` reports to the driver at once; the driver
+checkpoints the trials there and moves them, then asks Dask to finish the retirement.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["retire_gracefully"]
+
+
+async def retire_gracefully(worker: Any, reason: str) -> None:
+    """Ask the scheduler to retire ``worker`` (closing it once its trials moved)."""
+    logger.warning("%s: %s; retiring gracefully", worker.address, reason)
+    try:
+        await worker.scheduler.retire_workers(
+            workers=[worker.address], close_workers=True, remove=True)
+    except Exception:  # noqa: BLE001 - scheduler gone: still leave in order
+        logger.exception("retire through the scheduler failed; closing gracefully")
+        await worker.close_gracefully()
