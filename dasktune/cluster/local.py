@@ -109,6 +109,7 @@ class LocalProvider(ClusterProvider):
     """Scheduler and ``min_workers`` workers on 127.0.0.1, outliving the command."""
 
     kind = "local"
+    head_is_here = True  # `exec` runs on this machine
 
     def _spawn(self, argv: list[str], role: str, log_name: str,
                env: dict[str, str] | None = None) -> dict[str, Any]:
