@@ -1,12 +1,15 @@
 """Walltime moves on a real Slurm (issue 25): what each move costs.
 
-A ``dask_jobqueue.SLURMCluster`` of 1-core jobs with a short walltime, adapting between
-``--minimum`` and ``--maximum`` jobs, runs ``--trials`` trials each longer than one job, so
-every trial moves at least once as its job nears its limit. Usage (as root, after
+1-core Slurm jobs with a short walltime, between ``--minimum`` and ``--maximum`` jobs, run
+``--trials`` trials each longer than one job, so every trial moves at least once as its job
+nears its limit. The jobs come from dasktune's slurm provider (``--via cluster-file``: its
+head asks for a replacement ahead of each end) or from a plain
+``dask_jobqueue.SLURMCluster(...).adapt()`` (``--via adapt``). Usage (as root, after
 ``bash scripts/slurm-local.sh``)::
 
     .venv/bin/python benchmarks/slurm_walltime.py --trainable class
     .venv/bin/python benchmarks/slurm_walltime.py --trainable function --lifetime 45s
+    .venv/bin/python benchmarks/slurm_walltime.py --via adapt
 
 Measured per run:
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -119,9 +123,24 @@ def analyse(exp_dir: str, iters: int, sleep: float) -> dict[str, Any]:
             "complete_trials": complete, "busy_s": busy}
 
 
+def logged_errors(log_dir: str) -> dict[str, int]:
+    """ERROR lines in the worker jobs' logs (their text after the level), with counts."""
+    found: dict[str, int] = {}
+    for name in sorted(os.listdir(log_dir)) if os.path.isdir(log_dir) else []:
+        with open(os.path.join(log_dir, name), errors="replace") as f:
+            for line in f:
+                if " - ERROR - " in line:
+                    key = line.split(" - ERROR - ", 1)[1].strip()[:120]
+                    found[key] = found.get(key, 0) + 1
+    return found
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trainable", choices=["class", "function"], default="class")
+    ap.add_argument("--via", choices=["cluster-file", "adapt"], default="cluster-file",
+                    help="dasktune's slurm provider (replacement jobs ahead of each end) "
+                    "or a plain SLURMCluster.adapt()")
     ap.add_argument("--lifetime", default=None, help="e.g. 45s: dask-jobqueue's recipe")
     ap.add_argument("--walltime", default="00:01:00")
     ap.add_argument("--margin", default="20s", help="dasktune.cluster.walltime.margin")
@@ -134,21 +153,37 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=10, help="function trainable: checkpoint every k")
     args = ap.parse_args()
 
-    from dask_jobqueue import SLURMCluster
-
     out = tempfile.mkdtemp(prefix="slurm-walltime-")
-    extra = ["--resources", "CPU=1"]
+    extra = []
     if args.lifetime:
         extra += ["--lifetime", args.lifetime, "--lifetime-stagger", "5s"]
-    dask.config.set({"dasktune.cluster.walltime.margin": args.margin,
-                     "dasktune.cluster.walltime.poll-interval": "5s",
-                     "dasktune.cluster.walltime.replace-ahead": args.replace_ahead})
-    cluster = SLURMCluster(cores=1, memory="1GB", processes=1, walltime=args.walltime,
-                           worker_extra_args=extra, log_directory=os.path.join(out, "logs"),
-                           scheduler_options={"host": "127.0.0.1", "dashboard_address": ":0"},
-                           job_name="dasktune-bench")
-    cluster.adapt(minimum=args.minimum, maximum=args.maximum)
-    client = tune.init(address=cluster.scheduler_address)
+    knobs = {"margin": args.margin, "poll-interval": "5s", "replace-ahead": args.replace_ahead}
+    dask.config.set({f"dasktune.cluster.walltime.{k}": v for k, v in knobs.items()})
+    for k, v in knobs.items():  # the cluster file's head process reads them too
+        os.environ[f"DASK_DASKTUNE__CLUSTER__WALLTIME__{k.upper().replace('-', '_')}"] = v
+    if args.via == "adapt":
+        from dask_jobqueue import SLURMCluster
+
+        cluster = SLURMCluster(
+            cores=1, memory="1GB", processes=1, walltime=args.walltime,
+            worker_extra_args=["--resources", "CPU=1", *extra],
+            log_directory=os.path.join(out, "logs"), job_name="dasktune-bench",
+            scheduler_options={"host": "127.0.0.1", "dashboard_address": ":0"})
+        cluster.adapt(minimum=args.minimum, maximum=args.maximum)
+        address = cluster.scheduler_address
+    else:
+        from dasktune.cluster import get_provider, parse_cluster_config
+
+        os.environ["XDG_CONFIG_HOME"] = os.path.join(out, "config")
+        cluster = get_provider(parse_cluster_config({
+            "cluster_name": "dasktune-bench", "provider": {"type": "slurm"},
+            "min_workers": args.minimum, "max_workers": args.maximum,
+            "head_node_type": "head", "available_node_types": {
+                "head": {}, "workers": {"node_config": {
+                    "cores": 1, "memory": "1GB", "walltime": args.walltime,
+                    "worker_extra_args": extra}}}}))
+        address = cluster.up(timeout=300)["scheduler_address"]
+    client = tune.init(address=address)
     samples: list[tuple[float, int]] = []
     done = threading.Event()
 
@@ -178,7 +213,13 @@ def main() -> None:
     done.set()
     errors = sum(r.error is not None for r in grid)
     tune.shutdown()
-    cluster.close()
+    if args.via == "adapt":
+        cluster.close()
+        errors_logged = logged_errors(os.path.join(out, "logs"))
+    else:
+        shutil.copytree(cluster.state.dir / "jobs", os.path.join(out, "logs"))  # down drops it
+        errors_logged = logged_errors(os.path.join(out, "logs"))
+        cluster.down()
     stats = analyse(os.path.join(out, "results", "exp"), args.iters, args.sleep)
     alive = [(t, n) for t, n in samples if n > 0]
     capacity = sum(n * (t1 - t0_) for (t0_, n), (t1, _) in zip(alive, alive[1:]))
@@ -187,7 +228,7 @@ def main() -> None:
     lost = stats["iterations_lost"]
     pauses = stats["pauses_s"]
     print(json.dumps({
-        "trainable": args.trainable, "lifetime": args.lifetime, "margin": args.margin,
+        "via": args.via, "trainable": args.trainable, "lifetime": args.lifetime, "margin": args.margin,
         "walltime": args.walltime, "trials": args.trials, "errors": errors,
         "complete_trials": stats["complete_trials"], "wall_s": round(wall, 1),
         "moves": stats["moves"], "iterations_lost_per_move":
@@ -196,6 +237,7 @@ def main() -> None:
             "median": round(statistics.median(pauses), 2) if pauses else None,
             "max": max(pauses) if pauses else None},
         "idle_share": round(1 - stats["busy_s"] / capacity, 3) if capacity else None,
+        "errors_logged_by_workers": errors_logged,
         "jobs_left_in_squeue": left, "out": out}, indent=1))
 
 

@@ -120,6 +120,7 @@ class DaskExecutor:
         self._closed = False
         self._pending_stop: dict[str, bool] = {}
         self._retiring: set[str] = set()
+        self._self_closing: set[str] = set()  # in Worker.close already: never re-retired
         self._excluded: set[str] = set()  # never placed on (see exclude)
         self._gone: set[str] = set()
         self._watching = False
@@ -150,9 +151,13 @@ class DaskExecutor:
                 self._gone.add(worker)
                 self._workers_at = _STALE
                 self._events.put(ExecEvent(WORKER_LOST, "", 0, info={"worker": worker}))
-            elif msg.get("op") == "retiring" and worker not in self._retiring:
-                self._retiring.add(worker)
-                self._events.put(ExecEvent(WORKER_RETIRING, "", 0, info={"worker": worker}))
+            elif msg.get("op") == "retiring":
+                if msg.get("status") == "closing":
+                    self._self_closing.add(worker)
+                if worker not in self._retiring:
+                    self._retiring.add(worker)
+                    self._events.put(ExecEvent(WORKER_RETIRING, "", 0,
+                                               info={"worker": worker}))
             elif msg.get("op") == "add-worker":
                 self._gone.discard(worker)
                 self._workers_at = _STALE
@@ -174,6 +179,8 @@ class DaskExecutor:
             # The release of our actors reaches the scheduler a moment after this call
             # may: Dask refuses to retire a worker that still holds an actor, so retry.
             for _ in range(50):
+                if addr in self._self_closing:
+                    return  # it closes itself once our trials left (EvacuatePlugin)
                 try:
                     done = await self.client.scheduler.retire_workers(
                         workers=[addr], close_workers=True, remove=True)

@@ -13,7 +13,9 @@ failed poll:
 - a worker's status changing to ``closing_gracefully`` (``retire_workers``,
   adaptive downscaling) or ``closing`` (``Worker.close``, e.g. SIGTERM from a spot
   notice): the driver checkpoints its trials there, moves them, and then asks for
-  the retirement again, which Dask refused while the actors were on the worker.
+  the retirement again, which Dask refused while the actors were on the worker;
+  not when the worker is ``closing`` (it closes itself once its trials left, and a
+  retirement asked meanwhile would flip its status back and close it twice).
 
 A closing worker does not wait for that on its own: :class:`EvacuatePlugin`, a
 worker plugin, holds ``Worker.close`` (in its ``teardown``) until the worker's
@@ -94,7 +96,7 @@ class RecoveryPlugin(SchedulerPlugin):
         if not isinstance(msg, dict) or msg.get("action") != "worker-status-change":
             return
         if msg.get("status") in _NOTICE_STATUSES:
-            self._send({"op": "retiring", "worker": topic})
+            self._send({"op": "retiring", "worker": topic, "status": msg["status"]})
 
 
 class EvacuatePlugin(WorkerPlugin):
@@ -120,7 +122,7 @@ class EvacuatePlugin(WorkerPlugin):
             return
         try:
             worker.log_event(TOPIC, {"op": "retiring", "worker": worker.address,
-                                     "time": time.time()})
+                                     "status": "closing", "time": time.time()})
         except Exception:  # noqa: BLE001 - the scheduler also sees the status change
             pass
         # Default (6 s) below the 8 s a nanny gives Worker.close: the rest of close needs time.

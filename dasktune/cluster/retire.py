@@ -11,13 +11,21 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from distributed.core import Status
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["retire_gracefully"]
 
+_LEAVING = (Status.closing, Status.closing_gracefully, Status.closed)
+
 
 async def retire_gracefully(worker: Any, reason: str) -> None:
-    """Ask the scheduler to retire ``worker`` (closing it once its trials moved)."""
+    """Ask the scheduler to retire ``worker`` (closing it once its trials moved); nothing
+    when the worker is already on its way out (``--lifetime``, a SIGTERM, an earlier
+    notice), whose close would otherwise race this one."""
+    if worker.status in _LEAVING:
+        return
     logger.warning("%s: %s; retiring gracefully", worker.address, reason)
     try:
         await worker.scheduler.retire_workers(
