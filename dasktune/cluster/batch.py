@@ -208,6 +208,7 @@ class BatchProvider(LocalProvider):
         if not running:
             raise ValueError(f"cluster {self.name!r} has no running job")
         victim = (rng or random).choice(running)
-        subprocess.run(_CANCEL[self.kind] + [victim["job_id"]], check=True,
-                       capture_output=True)
+        # Slurm: SIGKILL to the job's processes, no grace; elsewhere the cancel command.
+        kill = ["scancel", "--signal=KILL"] if self.kind == "slurm" else _CANCEL[self.kind]
+        subprocess.run(kill + [victim["job_id"]], check=True, capture_output=True)
         return f"job {victim['job_id']} ({victim['name']})"
