@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -151,6 +152,9 @@ def test_up_status_submit_down_walltime_moves(slurm, tmp_path):
                        glob.glob(str(tmp_path / "config" / "dasktune" / "clusters" / name /
                                      "jobs" / "*.err")))
         assert "retiring gracefully" in logs
+        head_log = (tmp_path / "config" / "dasktune" / "clusters" / name / "head.log")
+        # The head asked for a replacement before a job's worker retired.
+        assert re.search(r"replacement job\(s\) ahead: [1-9]", head_log.read_text())
         assert "ConnectionPool is closed" not in logs
         assert "/dasktune/" not in logs  # no traceback through dasktune's code
     finally:

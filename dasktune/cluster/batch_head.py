@@ -83,6 +83,10 @@ class JobKeeper:
                 end = self._end(name, job_id, now)
                 ending += end is not None and end - self.lead <= now
         want = min(self.max_jobs, self.min_jobs + ending)
+        more = want - len(self.cluster.worker_spec)
+        if more > 0:
+            logger.info("%d job(s) end soon: asking for %d job(s) (replacement job(s) ahead: "
+                        "%d)", ending, more, min(more, ending))
         self.cluster.scale(jobs=max(want, len(self.cluster.worker_spec)))
         for name, job in self.cluster.workers.items():
             self._history[name] = getattr(job, "job_id", None) or self._history.get(name)
