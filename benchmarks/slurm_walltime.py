@@ -29,7 +29,15 @@ checkpoint every 10 for the function trainable, ``--minimum 2 --maximum 4``)::
     cluster-file  function   -           7      0                0.16 / 4.83 s     0.34  0
     cluster-file  class      30s         8      0                0.22 / 4.60 s     0.21  1+1 *
     cluster-file  function   30s         8      1.88 (0-8)       0.35 / 6.21 s     0.29  8+8 *
-    adapt (max 3) class      -           6      0                28.66 / 29.13 s   0.45  0
+    adapt (max 3) class      -           6      0                28.66 / 29.13 s   0.45  0  (a)
+    adapt (max 3) class      -           6      0                5.37 / 40.2 s     0.26  0  (b)
+    adapt (max 4) class      -           7      0                0.21 / 28.83 s    0.38  3 **
+
+(a) before, (b) after :class:`~dasktune.cluster.walltime.WalltimeTargetPlugin` (each
+worker about to retire adds one to the scheduler's adaptive target, so ``Adaptive`` asks
+for its replacement ahead; with two jobs ending together and room for one, the second
+still waits for the queue). ``**``: distributed's nanny ``Worker process died
+unexpectedly`` as a closed worker's process exits (its stop queue closed under it).
 
 ``*``: distributed's ``ConnectionPool is closed`` (and tornado's report of it) from a worker
 that reaches ``--lifetime`` holding a trial actor: its own retirement is refused for the

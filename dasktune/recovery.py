@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 
 from dasktune.cluster.walltime import PLUGIN_NAME as WALLTIME_PLUGIN_NAME
-from dasktune.cluster.walltime import WalltimePlugin
+from dasktune.cluster.walltime import TARGET_PLUGIN_NAME, WalltimePlugin, WalltimeTargetPlugin
 
 if TYPE_CHECKING:
     from distributed import Scheduler, Worker
@@ -210,6 +210,7 @@ def register(client: Any) -> bool:
             "could not register the dasktune fence plugin on the workers (%r); a trial "
             "whose driver is gone stops only after dasktune.executor.orphan-timeout.", exc)
     try:
+        client.register_plugin(WalltimeTargetPlugin(), name=TARGET_PLUGIN_NAME)
         client.register_plugin(WalltimePlugin(), name=WALLTIME_PLUGIN_NAME)
     except Exception as exc:  # noqa: BLE001 - then --lifetime is the only warning
         logging.getLogger(__name__).warning(

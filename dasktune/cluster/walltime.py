@@ -12,7 +12,9 @@ demand and function trainables move at their next reported checkpoint, and the m
 failure. A ``--lifetime`` shorter than that still applies on its own.
 
 :func:`dasktune.recovery.register` installs :class:`WalltimePlugin` on every cluster a
-driver uses; outside a batch job it does nothing.
+driver uses (outside a batch job it does nothing), and :class:`WalltimeTargetPlugin` on its
+scheduler: ``replace-ahead`` before retiring, a worker announces it, and Dask's
+``Adaptive`` (``cluster.adapt()``) then asks for its replacement while the job still runs.
 """
 
 from __future__ import annotations
@@ -27,15 +29,18 @@ import subprocess
 import time
 from typing import Any
 
-from distributed.diagnostics.plugin import WorkerPlugin
+from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 
 from dasktune.cluster.retire import retire_gracefully
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PLUGIN_NAME", "WalltimePlugin", "batch_job", "job_end_time", "parse_duration"]
+__all__ = ["PLUGIN_NAME", "TARGET_PLUGIN_NAME", "WalltimePlugin", "WalltimeTargetPlugin",
+           "batch_job", "job_end_time", "parse_duration"]
 
 PLUGIN_NAME = "dasktune-walltime"
+TARGET_PLUGIN_NAME = "dasktune-walltime-target"
+ENDING_TOPIC = "dasktune-walltime-ending"
 
 
 def batch_job(env: dict[str, str] | None = None) -> tuple[str, str] | None:
@@ -153,6 +158,7 @@ class WalltimePlugin(WorkerPlugin):
                        if margin is None else float(margin))
         self.poll_interval = (_dask_config.get_seconds("cluster.walltime.poll-interval")
                               if poll_interval is None else float(poll_interval))
+        self.replace_ahead = _dask_config.get_seconds("cluster.walltime.replace-ahead")
         if self.margin < 0 or self.poll_interval <= 0:
             raise ValueError(f"walltime margin must be >= 0 and poll interval > 0, got "
                              f"{self.margin!r} and {self.poll_interval!r}")
@@ -169,15 +175,59 @@ class WalltimePlugin(WorkerPlugin):
 
     async def _watch(self, worker: Any, system: str, job_id: str) -> None:
         loop = asyncio.get_running_loop()
+        announced = False
         while True:
             end = await loop.run_in_executor(None, job_end_time, system, job_id)
             if end is None:
                 await asyncio.sleep(self.poll_interval)
                 continue
             left = end - self.margin - time.time()
+            if left <= self.replace_ahead and not announced:
+                # An adaptive cluster asks for this worker's replacement from now on.
+                worker.log_event(ENDING_TOPIC, {"worker": worker.address})
+                announced = True
             if left <= 0:
                 break
-            await asyncio.sleep(min(left, self.poll_interval))
+            ahead = left - self.replace_ahead
+            await asyncio.sleep(min(left if ahead <= 0 else ahead, self.poll_interval))
         await retire_gracefully(
             worker, f"{system} job {job_id} reaches its time limit in "
             f"{max(0.0, end - time.time()):.0f}s")
+
+
+class WalltimeTargetPlugin(SchedulerPlugin):
+    """Asks Dask's ``Adaptive`` (``cluster.adapt()``) for a replacement ahead of each end.
+
+    Each worker that announced its retirement within ``replace-ahead`` (on
+    :data:`ENDING_TOPIC`) adds one worker to the scheduler's ``adaptive_target`` until it
+    leaves, so an adaptive cluster below its maximum submits the replacement job while the
+    old one still runs. Workers hosting trial actors are never picked for downscaling
+    (Dask sees no task running there).
+    """
+
+    idempotent = True
+    name = TARGET_PLUGIN_NAME
+
+    def __init__(self) -> None:
+        self._ending: set[str] = set()
+        self.scheduler: Any = None
+
+    async def start(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        base = scheduler.adaptive_target
+
+        def adaptive_target(target_duration: float | None = None) -> int:
+            ending = len(self._ending & set(scheduler.workers))
+            return base(target_duration=target_duration) + ending
+
+        scheduler.handlers["adaptive_target"] = adaptive_target
+
+    def log_event(self, topic: str, msg: Any, **kwargs: Any) -> None:
+        if topic == ENDING_TOPIC and isinstance(msg, dict) and msg.get("worker"):
+            self._ending.add(msg["worker"])
+
+    def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
+        self._ending.discard(worker)
+
+    def valid_workers_downscaling(self, scheduler: Any, workers: list[Any]) -> list[Any]:
+        return [ws for ws in workers if not ws.actors]
