@@ -8,6 +8,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# A single-node Slurm for the Slurm tests (root only; elsewhere those tests skip, and in
+# CI they fail instead).
+if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+  bash scripts/slurm-local.sh || echo "warning: could not start the local Slurm"
+fi
+
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv

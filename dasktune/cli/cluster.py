@@ -143,14 +143,39 @@ def logs(cluster_file: str, job: str | None, name: str | None, follow: bool) -> 
         time.sleep(0.5)
 
 
-@main.command("exec", epilog="\b\nExample:\n  dasktune exec cluster/local.yaml \"nvidia-smi\"")
+@main.command("exec", epilog="\b\nExamples:\n  dasktune exec cluster/local.yaml \"nvidia-smi\"\n"
+              "  dasktune exec cluster/aws-spot.yaml \"tensorboard --logdir ~/dasktune_results"
+              " --port 6006\" --port-forward 6006")
 @_CLUSTER
 @click.argument("command")
 @_NAME
+@click.option("--port-forward", "forwards", multiple=True, metavar="PORT|LOCAL:REMOTE",
+              help="Make the command's port on the head reachable at localhost (through "
+                   "the scheduler's connection, no SSH); repeatable.")
 @_fails_cleanly
-def exec_(cluster_file: str, command: str, name: str | None) -> None:
+def exec_(cluster_file: str, command: str, name: str | None, forwards: tuple[str, ...]) -> None:
     """Run a shell command on the head node (here, for a local cluster)."""
-    sys.exit(_provider(cluster_file, name).exec(command))
+    from dasktune.cluster.tunnel import PortForward, TunnelPlugin, parse_forward
+
+    p = _provider(cluster_file, name)
+    pairs = [parse_forward(f) for f in forwards]
+    if getattr(p, "head_is_here", False):
+        # The head is this machine: a port forwarded to itself is already here.
+        pairs = [(a, b) for a, b in pairs if a != b]
+    forward = None
+    if pairs:
+        with p.connect() as client:
+            client.register_plugin(TunnelPlugin())
+        forward = PortForward(p.address, pairs, security=p.security())
+        forward.start()
+        for local, remote in pairs:
+            _echo(f"forwarding localhost:{local} -> port {remote} on the head")
+    try:
+        code = p.exec(command)
+    finally:
+        if forward is not None:
+            forward.stop()
+    sys.exit(code)
 
 
 def _fmt_resources(res: dict[str, Any]) -> str:
@@ -194,6 +219,14 @@ def status(cluster_file: str, name: str | None) -> None:
         mem_s = f"{mem / 2**30:.1f} GiB" if mem else "-"
         click.echo(f"  {w['name']:<28} {w['address']:<26} threads={w['nthreads']} "
                    f"mem={mem_s} {_fmt_resources(w['resources'])}")
+    if hasattr(p, "batch_jobs"):
+        batch = p.batch_jobs()
+        click.echo(f"{p.kind} jobs: {len(batch)}")
+        for j in batch:
+            left = j["time_left"]
+            left_s = "-" if left is None else time.strftime("%H:%M:%S", time.gmtime(left))
+            click.echo(f"  {j['job_id']:<10} {j['name']:<20} {j['state'].lower():<10} "
+                       f"time left {left_s}")
     jobs = p.jobs() if hasattr(p, "jobs") else []
     if jobs:
         click.echo("jobs:")

@@ -1,13 +1,15 @@
-"""Clusters from a YAML file: the model, and local / AWS / GCP providers.
+"""Clusters from a YAML file: the model, and local / AWS / GCP / batch-system providers.
 
 ``get_provider(config)`` picks the provider for ``provider.type``; cloud providers import
-dask-cloudprovider only when used (``pip install "dask-cloudprovider[aws,gcp]"``).
+dask-cloudprovider only when used (``pip install "dask-cloudprovider[aws,gcp]"``), batch
+systems (Slurm, PBS, SGE, LSF) dask-jobqueue (``pip install "dasktune[hpc]"``).
 """
 
 from __future__ import annotations
 
 from dasktune.cluster._base import ClusterProvider
 from dasktune.cluster.config import (
+    BATCH_SYSTEMS,
     ClusterConfig,
     ClusterConfigError,
     load_cluster_config,
@@ -35,6 +37,10 @@ def get_provider(config: ClusterConfig, name: str | None = None) -> ClusterProvi
     """The provider object for ``config`` (``name`` overrides ``cluster_name``)."""
     if config.provider.type == "local":
         return LocalProvider(config, name)
+    if config.provider.type in BATCH_SYSTEMS:
+        from dasktune.cluster.batch import BatchProvider
+
+        return BatchProvider(config, name)
     if config.provider.type == "aws":
         from dasktune.cluster.aws import AWSProvider
 

@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 __all__ = [
     "AWSNodeConfig",
+    "BATCH_SYSTEMS",
+    "BatchNodeConfig",
     "ClusterConfig",
     "ClusterConfigError",
     "GCPNodeConfig",
@@ -37,7 +39,7 @@ class _Strict(BaseModel):
 class ProviderConfig(_Strict):
     """``provider:``: where the machines come from."""
 
-    type: Literal["local", "aws", "gcp"]
+    type: Literal["local", "aws", "gcp", "slurm", "pbs", "sge", "lsf"]
     region: str | None = None
     availability_zone: str | None = None
     # GCP
@@ -47,6 +49,9 @@ class ProviderConfig(_Strict):
     tls: bool = False
     # cloud: dask-cloudprovider's clusters use temporary TLS unless told otherwise.
     security: bool = True
+    # batch systems: the partition (PBS/SGE/LSF: queue) and account (SGE/LSF: project).
+    partition: str | None = None
+    account: str | None = None
 
 
 class LocalNodeConfig(_Strict):
@@ -108,10 +113,42 @@ class GCPNodeConfig(_Strict):
         return any(s.preemptible for s in items)
 
 
+BATCH_SYSTEMS = ("slurm", "pbs", "sge", "lsf")
+
+
+class BatchNodeConfig(_Strict):
+    """``node_config`` of a batch-system node: one job's shape (dask-jobqueue's keywords).
+
+    Each job runs ``processes`` Dask workers sharing ``cores``, ``memory`` and ``gpus``;
+    each worker advertises its share as the ``CPU``, ``GPU`` and ``memory`` resources.
+    """
+
+    cores: int = Field(default=1, ge=1)
+    memory: str = "4GB"
+    processes: int = Field(default=1, ge=1)
+    walltime: str | None = None          # e.g. "01:00:00"; None: the partition's default
+    gpus: int = Field(default=0, ge=0)   # Slurm: --gres=gpu:N; LSF: -gpu "num=N"
+    job_extra_directives: list[str] = []
+    job_script_prologue: list[str] = []
+    worker_extra_args: list[str] = []
+    interface: str | None = None
+    local_directory: str | None = None
+    python: str | None = None
+
+    @field_validator("processes")
+    @classmethod
+    def _divides(cls, v: int, info: Any) -> int:
+        cores = info.data.get("cores", 1)
+        if cores % v:
+            raise ValueError(f"must divide cores ({cores}): each worker gets an equal share")
+        return v
+
+
 _NODE_MODELS: dict[str, type[BaseModel]] = {
     "local": LocalNodeConfig,
     "aws": AWSNodeConfig,
     "gcp": GCPNodeConfig,
+    **{kind: BatchNodeConfig for kind in BATCH_SYSTEMS},
 }
 
 

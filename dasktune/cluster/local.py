@@ -27,7 +27,7 @@ from typing import Any
 
 from dasktune.cluster._base import ClusterProvider, Progress, _quiet
 
-__all__ = ["LocalProvider", "worker_command"]
+__all__ = ["LocalProvider", "process_alive", "stop_processes", "worker_command"]
 
 
 def worker_command(address: str, *, nthreads: int, name: str,
@@ -50,7 +50,7 @@ def _adapt_interval() -> float:
     return float(parse_timedelta(dask.config.get("distributed.adaptive.interval")))
 
 
-def _alive(rec: dict[str, Any]) -> bool:
+def process_alive(rec: dict[str, Any]) -> bool:
     import psutil
 
     try:
@@ -62,22 +62,22 @@ def _alive(rec: dict[str, Any]) -> bool:
         return False
 
 
-def _kill(recs: Sequence[dict[str, Any]], sig: int = signal.SIGTERM, grace: float = 10.0) -> None:
+def stop_processes(recs: Sequence[dict[str, Any]], sig: int = signal.SIGTERM, grace: float = 10.0) -> None:
     """Signal the recorded processes (their own process groups), SIGKILL stragglers, verify."""
     # A detached `submit --stop` runs `down` inside the job's own process group: spare it.
-    live = [r for r in recs if _alive(r) and r["pid"] != os.getpgrp()]
+    live = [r for r in recs if process_alive(r) and r["pid"] != os.getpgrp()]
     for r in live:
         _signal(r["pid"], sig)
     deadline = time.monotonic() + grace
     while live and time.monotonic() < deadline:
         time.sleep(0.05)
-        live = [r for r in live if _alive(r)]
+        live = [r for r in live if process_alive(r)]
     for r in live:
         _signal(r["pid"], signal.SIGKILL)
     deadline = time.monotonic() + 5.0
     while live and time.monotonic() < deadline:
         time.sleep(0.05)
-        live = [r for r in live if _alive(r)]
+        live = [r for r in live if process_alive(r)]
     if live:
         raise RuntimeError(f"processes still running after SIGKILL: {[r['pid'] for r in live]}")
 
@@ -92,7 +92,7 @@ def _stop_all(recs: Sequence[dict[str, Any]]) -> None:
     """Drivers, then workers, then the scheduler: a worker whose scheduler is gone would
     spend its whole close timeout trying to say goodbye."""
     for role in ("job", "worker", "scheduler"):
-        _kill([r for r in recs if r["role"] == role])
+        stop_processes([r for r in recs if r["role"] == role])
 
 
 def _signal(pid: int, sig: int) -> None:
@@ -110,6 +110,7 @@ class LocalProvider(ClusterProvider):
     """Scheduler and ``min_workers`` workers on 127.0.0.1, outliving the command."""
 
     kind = "local"
+    head_is_here = True  # `exec` runs on this machine
 
     def _spawn(self, argv: list[str], role: str, log_name: str,
                env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -140,7 +141,7 @@ class LocalProvider(ClusterProvider):
         if self.state.exists():
             old = self.state.read()
             sched = [r for r in old.get("processes", []) if r["role"] == "scheduler"]
-            if not restart_only and sched and all(_alive(r) for r in sched):
+            if not restart_only and sched and all(process_alive(r) for r in sched):
                 return self._top_up(old, timeout, progress)
             progress("restarting the Dask processes")
             _stop_all(self._stop_pool(old))
@@ -233,7 +234,7 @@ class LocalProvider(ClusterProvider):
         none starts while they are stopped."""
         procs = list(state.get("processes", []))
         sched = [r for r in procs if r["role"] == "scheduler"]
-        if not (self._pool_records.exists() and sched and all(_alive(r) for r in sched)):
+        if not (self._pool_records.exists() and sched and all(process_alive(r) for r in sched)):
             return procs + self._pool_workers()
         from dasktune.cluster._adaptive import stop_pool
 
@@ -241,7 +242,7 @@ class LocalProvider(ClusterProvider):
             with self.connect(timeout=5.0) as client:
                 client.run_on_scheduler(stop_pool)
         except Exception:  # noqa: BLE001 - an unresponsive scheduler: stop it first
-            _kill(sched)
+            stop_processes(sched)
         return procs + self._pool_workers()
 
     def _start_workers(self, state: dict[str, Any], count: int) -> None:
@@ -264,7 +265,7 @@ class LocalProvider(ClusterProvider):
     def _top_up(self, state: dict[str, Any], timeout: float,
                 progress: Progress) -> dict[str, Any]:
         """``up`` on a running cluster: replace workers that died, keep the rest."""
-        state["processes"] = [r for r in state["processes"] if _alive(r)]
+        state["processes"] = [r for r in state["processes"] if process_alive(r)]
         live = sum(r["role"] == "worker" for r in state["processes"])
         # The pool replaces the workers that died by itself.
         missing = 0 if self._pooled else max(0, self._n_workers - live)
@@ -282,7 +283,7 @@ class LocalProvider(ClusterProvider):
                     return json.loads(path.read_text())
                 except ValueError:  # being written
                     pass
-            if not _alive(rec):
+            if not process_alive(rec):
                 raise RuntimeError(f"the scheduler exited; see {rec['log']}")
             time.sleep(0.05)
         raise TimeoutError(f"the scheduler did not start within {timeout:.0f}s; see {rec['log']}")
@@ -292,7 +293,7 @@ class LocalProvider(ClusterProvider):
             progress(f"cluster {self.name!r} is not up; nothing to do")
             return
         state = self.state.read()
-        _kill(state.get("jobs", []))  # no driver asks for workers while the pool stops
+        stop_processes(state.get("jobs", []))  # no driver asks for workers while the pool stops
         procs = self._stop_pool(state)
         progress(f"stopping {len(procs)} process(es)")
         _stop_all(procs)
@@ -301,11 +302,11 @@ class LocalProvider(ClusterProvider):
     def kill_worker_hard(self, *, rng: random.Random | None = None) -> str:
         state = self.state.read()
         live = [r for r in state["processes"] + self._pool_workers()
-                if r["role"] == "worker" and _alive(r)]
+                if r["role"] == "worker" and process_alive(r)]
         if not live:
             raise ValueError(f"cluster {self.name!r} has no live worker process")
         victim = (rng or random).choice(live)
-        _kill([victim], sig=signal.SIGKILL)
+        stop_processes([victim], sig=signal.SIGKILL)
         return f"{victim.get('name', 'worker')} (PID {victim['pid']})"
 
     def exec(self, command: str) -> int:
@@ -357,8 +358,7 @@ class LocalProvider(ClusterProvider):
     def logs(self, job: str | None = None) -> tuple[str, bool]:
         rec = self._job(job)
         with open(rec["log"], errors="replace") as f:
-            return f.read(), _alive(rec)
+            return f.read(), process_alive(rec)
 
     def jobs(self) -> list[tuple[str, bool]]:
-        """The submitted driver jobs and whether each is still running."""
-        return [(r["job"], _alive(r)) for r in self.state.read().get("jobs", [])]
+        return [(r["job"], process_alive(r)) for r in self.state.read().get("jobs", [])]

@@ -18,6 +18,8 @@ from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from dasktune.cluster.retire import retire_gracefully
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["SpotInterruptionPlugin", "notice_url"]
@@ -105,10 +107,4 @@ class SpotInterruptionPlugin(WorkerPlugin):
             if noticed:
                 break
             await asyncio.sleep(self.interval)
-        logger.warning("interruption notice for %s: retiring gracefully", worker.address)
-        try:
-            await worker.scheduler.retire_workers(
-                workers=[worker.address], close_workers=True, remove=True)
-        except Exception:  # noqa: BLE001 - scheduler gone: still leave in order
-            logger.exception("retire through the scheduler failed; closing gracefully")
-            await worker.close_gracefully()
+        await retire_gracefully(worker, "interruption notice")

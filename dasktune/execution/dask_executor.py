@@ -130,6 +130,7 @@ class DaskExecutor:
         self._pending_stop: dict[str, bool] = {}
         self._retiring = self._ledger.retiring
         self._gone = self._ledger.gone
+        self._self_closing: set[str] = set()  # in Worker.close already: never re-retired
         self._watching = False
         self._idle: dict[str, list[tuple[str, Future]]] = {}
         self._pool_size = int(_dask_config.get("executor.idle-actors-per-worker"))
@@ -157,9 +158,12 @@ class DaskExecutor:
                 self._gone.add(worker)
                 self._ledger.mark_stale()
                 self._put(ExecEvent(WORKER_LOST, worker=worker))
-            elif msg.get("op") == "retiring" and worker not in self._retiring:
-                self._retiring.add(worker)
-                self._put(ExecEvent(WORKER_RETIRING, worker=worker))
+            elif msg.get("op") == "retiring":
+                if msg.get("status") == "closing":
+                    self._self_closing.add(worker)
+                if worker not in self._retiring:
+                    self._retiring.add(worker)
+                    self._put(ExecEvent(WORKER_RETIRING, worker=worker))
             elif msg.get("op") == "add-worker":
                 self._gone.discard(worker)
                 self._ledger.mark_stale()
@@ -181,6 +185,8 @@ class DaskExecutor:
             # The release of our actors reaches the scheduler a moment after this call
             # may: Dask refuses to retire a worker that still holds an actor, so retry.
             for _ in range(50):
+                if addr in self._self_closing:
+                    return  # it closes itself once our trials left (EvacuatePlugin)
                 try:
                     done = await self.client.scheduler.retire_workers(
                         workers=[addr], close_workers=True, remove=True)

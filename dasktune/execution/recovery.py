@@ -13,7 +13,9 @@ failed poll:
 - a worker's status changing to ``closing_gracefully`` (``retire_workers``,
   adaptive downscaling) or ``closing`` (``Worker.close``, e.g. SIGTERM from a spot
   notice): the driver checkpoints its trials there, moves them, and then asks for
-  the retirement again, which Dask refused while the actors were on the worker.
+  the retirement again, which Dask refused while the actors were on the worker;
+  not when the worker is ``closing`` (it closes itself once its trials left, and a
+  retirement asked meanwhile would flip its status back and close it twice).
 
 A closing worker does not wait for that on its own: :class:`EvacuatePlugin`, a
 worker plugin, holds ``Worker.close`` (in its ``teardown``) until the worker's
@@ -23,6 +25,10 @@ default) SIGTERM closes the worker this way and the nanny kills it 8 s later (th
 CLI's ``Nanny.close(timeout=10)``), so keep the timeout below that. With
 ``--no-nanny`` a SIGTERM gives no such chance: the trials are lost and restart from
 their newest committed checkpoints.
+
+A worker inside a batch job retires itself before the job's time limit
+(:class:`~dasktune.cluster.walltime.WalltimePlugin`, installed by :func:`register`
+with the others), which is the graceful path above.
 
 A trial whose driver is gone must not run on: its thread cannot be killed, and it
 would go on committing checkpoints into the folder a restored driver's new attempt
@@ -45,6 +51,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
+
+from dasktune.cluster.walltime import PLUGIN_NAME as WALLTIME_PLUGIN_NAME
+from dasktune.cluster.walltime import TARGET_PLUGIN_NAME, WalltimePlugin, WalltimeTargetPlugin
 
 if TYPE_CHECKING:
     from distributed import Scheduler, Worker
@@ -87,7 +96,7 @@ class RecoveryPlugin(SchedulerPlugin):
         if not isinstance(msg, dict) or msg.get("action") != "worker-status-change":
             return
         if msg.get("status") in _NOTICE_STATUSES:
-            self._send({"op": "retiring", "worker": topic})
+            self._send({"op": "retiring", "worker": topic, "status": msg["status"]})
 
 
 class EvacuatePlugin(WorkerPlugin):
@@ -113,7 +122,7 @@ class EvacuatePlugin(WorkerPlugin):
             return
         try:
             worker.log_event(TOPIC, {"op": "retiring", "worker": worker.address,
-                                     "time": time.time()})
+                                     "status": "closing", "time": time.time()})
         except Exception:  # noqa: BLE001 - the scheduler also sees the status change
             pass
         # Default (6 s) below the 8 s a nanny gives Worker.close: the rest of close needs time.
@@ -202,4 +211,11 @@ def register(client: Any) -> bool:
         logging.getLogger(__name__).warning(
             "could not register the dasktune fence plugin on the workers (%r); a trial "
             "whose driver is gone stops only after dasktune.executor.orphan-timeout.", exc)
+    try:
+        client.register_plugin(WalltimeTargetPlugin(), name=TARGET_PLUGIN_NAME)
+        client.register_plugin(WalltimePlugin(), name=WALLTIME_PLUGIN_NAME)
+    except Exception as exc:  # noqa: BLE001 - then --lifetime is the only warning
+        logging.getLogger(__name__).warning(
+            "could not register the dasktune walltime plugin on the workers (%r); workers "
+            "in batch jobs lose their trials at the job's time limit.", exc)
     return True

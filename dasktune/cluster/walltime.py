@@ -1,0 +1,233 @@
+"""Moving a batch job's trials before the job's wall-clock limit ends it.
+
+On an HPC batch system (Slurm, PBS, SGE, LSF) every worker lives inside a job with a time
+limit, and at the limit the batch system signals every process of the job at once: a
+worker's child dies with its nanny and its trials come back as lost. Each worker that runs
+inside a job (``SLURM_JOB_ID``, ``PBS_JOBID``, ``JOB_ID`` with ``SGE_ROOT``, ``LSB_JOBID``)
+learns the job's end time from the batch system's own tool (``squeue``, ``qstat``,
+``bjobs``; asked again every ``dasktune.cluster.walltime.poll-interval``, since a limit can
+be changed) and, ``dasktune.cluster.walltime.margin`` before it, retires itself through the
+scheduler: the same graceful path as a spot notice, so class Trainables checkpoint on
+demand and function trainables move at their next reported checkpoint, and the move is no
+failure. A ``--lifetime`` shorter than that still applies on its own.
+
+:func:`dasktune.execution.recovery.register` installs :class:`WalltimePlugin` on every cluster a
+driver uses (outside a batch job it does nothing), and :class:`WalltimeTargetPlugin` on its
+scheduler: ``replace-ahead`` before retiring, a worker announces it, and Dask's
+``Adaptive`` (``cluster.adapt()``) then asks for its replacement while the job still runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import logging
+import os
+import re
+import shutil
+import subprocess
+import time
+from typing import Any
+
+from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
+
+from dasktune.cluster.retire import retire_gracefully
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["PLUGIN_NAME", "TARGET_PLUGIN_NAME", "WalltimePlugin", "WalltimeTargetPlugin",
+           "batch_job", "job_end_time", "parse_duration"]
+
+PLUGIN_NAME = "dasktune-walltime"
+TARGET_PLUGIN_NAME = "dasktune-walltime-target"
+ENDING_TOPIC = "dasktune-walltime-ending"
+
+
+def batch_job(env: dict[str, str] | None = None) -> tuple[str, str] | None:
+    """(batch system, job id) of the job this process runs in, or None outside one."""
+    env = dict(os.environ if env is None else env)
+    if env.get("SLURM_JOB_ID"):
+        return "slurm", env["SLURM_JOB_ID"]
+    if env.get("PBS_JOBID"):
+        return "pbs", env["PBS_JOBID"]
+    if env.get("LSB_JOBID"):
+        return "lsf", env["LSB_JOBID"]
+    if env.get("JOB_ID") and env.get("SGE_ROOT"):  # JOB_ID alone is too common a name
+        return "sge", env["JOB_ID"]
+    return None
+
+
+def parse_duration(text: str) -> float | None:
+    """``[[D-]HH:]MM:SS``, ``HH:MM`` (LSF's time left) or plain seconds -> seconds."""
+    text = text.strip().split()[0] if text.strip() else ""
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text)
+    if not m:
+        return None
+    days, a, b, c = (int(g) if g else None for g in m.groups())
+    if b is None:
+        return float(a) if days is None else float(days * 86400 + a * 3600)
+    hms = (a, b, c) if c is not None else ((a, b, 0) if days is not None else (0, a, b))
+    return float((days or 0) * 86400 + hms[0] * 3600 + hms[1] * 60 + hms[2])
+
+
+def _local_time(text: str, formats: tuple[str, ...]) -> float | None:
+    for fmt in formats:
+        try:
+            return _dt.datetime.strptime(text.strip(), fmt).timestamp()  # local time
+        except ValueError:
+            continue
+    return None
+
+
+def parse_slurm_end(text: str) -> float | None:
+    """``squeue -o %e`` (``2026-12-06T10:18:34``, local time) -> epoch seconds."""
+    return _local_time(text, ("%Y-%m-%dT%H:%M:%S",))
+
+
+def parse_pbs(text: str, now: float) -> float | None:
+    """``qstat -f JOB`` -> end time: the walltime limit less the walltime used so far."""
+    fields = dict(re.findall(r"^\s*([\w.]+)\s*=\s*(.*?)\s*$", text, re.M))
+    limit = parse_duration(fields.get("Resource_List.walltime", ""))
+    if limit is None:
+        return None
+    used = parse_duration(fields.get("resources_used.walltime", "")) or 0.0
+    return now + limit - used
+
+
+def parse_sge(text: str) -> float | None:
+    """``qstat -j JOB`` -> end time: its start time plus its ``h_rt`` limit."""
+    limit = re.search(r"h_rt=([\d:]+)", text)
+    start = re.search(r"^start_time\s+(?:\d+:\s*)?(.+?)(?:\.\d+)?\s*$", text, re.M)
+    if not (limit and start):
+        return None
+    began = _local_time(start.group(1), ("%m/%d/%Y %H:%M:%S", "%a %b %d %H:%M:%S %Y"))
+    seconds = parse_duration(limit.group(1))
+    return None if began is None or seconds is None else began + seconds
+
+
+def parse_lsf(text: str, now: float) -> float | None:
+    """``bjobs -noheader -o time_left JOB`` (``H:MM L``; ``-`` without a limit) -> end time."""
+    m = re.match(r"\s*(\d+):(\d+)", text)
+    return now + int(m.group(1)) * 3600 + int(m.group(2)) * 60 if m else None
+
+
+_QUERIES = {
+    "slurm": lambda job: ["squeue", "-h", "-j", job, "-o", "%e"],
+    "pbs": lambda job: ["qstat", "-f", job],
+    "sge": lambda job: ["qstat", "-j", job],
+    "lsf": lambda job: ["bjobs", "-noheader", "-o", "time_left", job],
+}
+
+
+def job_end_time(system: str, job_id: str, timeout: float = 10.0) -> float | None:
+    """When the batch job ``job_id`` reaches its time limit (epoch seconds); None when it
+    has none or the batch system's tool cannot tell (blocking: run it off the loop)."""
+    argv = _QUERIES[system](job_id)
+    if shutil.which(argv[0]) is None:
+        return None
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                             check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    now = time.time()
+    if system == "slurm":
+        return parse_slurm_end(out)
+    if system == "pbs":
+        return parse_pbs(out, now)
+    if system == "sge":
+        return parse_sge(out)
+    return parse_lsf(out, now)
+
+
+class WalltimePlugin(WorkerPlugin):
+    """Retire a worker ``margin`` seconds before its batch job's time limit.
+
+    ``margin`` and ``poll_interval`` are read from ``dasktune.cluster.walltime`` where the
+    plugin is made (the driver) when not given.
+    """
+
+    idempotent = True
+    name = PLUGIN_NAME
+
+    def __init__(self, margin: float | None = None, poll_interval: float | None = None,
+                 ) -> None:
+        from dasktune import _dask_config
+
+        self.margin = (_dask_config.get_seconds("cluster.walltime.margin")
+                       if margin is None else float(margin))
+        self.poll_interval = (_dask_config.get_seconds("cluster.walltime.poll-interval")
+                              if poll_interval is None else float(poll_interval))
+        self.replace_ahead = _dask_config.get_seconds("cluster.walltime.replace-ahead")
+        if self.margin < 0 or self.poll_interval <= 0:
+            raise ValueError(f"walltime margin must be >= 0 and poll interval > 0, got "
+                             f"{self.margin!r} and {self.poll_interval!r}")
+        self._task: asyncio.Task[None] | None = None
+
+    def setup(self, worker: Any = None, **kwargs: Any) -> None:
+        job = batch_job()
+        if job is not None:
+            self._task = asyncio.ensure_future(self._watch(worker, *job))
+
+    def teardown(self, worker: Any = None, **kwargs: Any) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _watch(self, worker: Any, system: str, job_id: str) -> None:
+        loop = asyncio.get_running_loop()
+        announced = False
+        while True:
+            end = await loop.run_in_executor(None, job_end_time, system, job_id)
+            if end is None:
+                await asyncio.sleep(self.poll_interval)
+                continue
+            left = end - self.margin - time.time()
+            if left <= self.replace_ahead and not announced:
+                # An adaptive cluster asks for this worker's replacement from now on.
+                worker.log_event(ENDING_TOPIC, {"worker": worker.address})
+                announced = True
+            if left <= 0:
+                break
+            ahead = left - self.replace_ahead
+            await asyncio.sleep(min(left if ahead <= 0 else ahead, self.poll_interval))
+        await retire_gracefully(
+            worker, f"{system} job {job_id} reaches its time limit in "
+            f"{max(0.0, end - time.time()):.0f}s")
+
+
+class WalltimeTargetPlugin(SchedulerPlugin):
+    """Asks Dask's ``Adaptive`` (``cluster.adapt()``) for a replacement ahead of each end.
+
+    Each worker that announced its retirement within ``replace-ahead`` (on
+    :data:`ENDING_TOPIC`) adds one worker to the scheduler's ``adaptive_target`` until it
+    leaves, so an adaptive cluster below its maximum submits the replacement job while the
+    old one still runs. Workers hosting trial actors are never picked for downscaling
+    (Dask sees no task running there).
+    """
+
+    idempotent = True
+    name = TARGET_PLUGIN_NAME
+
+    def __init__(self) -> None:
+        self._ending: set[str] = set()
+        self.scheduler: Any = None
+
+    async def start(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        base = scheduler.adaptive_target
+
+        def adaptive_target(target_duration: float | None = None) -> int:
+            ending = len(self._ending & set(scheduler.workers))
+            return base(target_duration=target_duration) + ending
+
+        scheduler.handlers["adaptive_target"] = adaptive_target
+
+    def log_event(self, topic: str, msg: Any, **kwargs: Any) -> None:
+        if topic == ENDING_TOPIC and isinstance(msg, dict) and msg.get("worker"):
+            self._ending.add(msg["worker"])
+
+    def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
+        self._ending.discard(worker)
+
+    def valid_workers_downscaling(self, scheduler: Any, workers: list[Any]) -> list[Any]:
+        return [ws for ws in workers if not ws.actors]
