@@ -55,6 +55,21 @@ def test_trial_record_uses_trial_fields():
     assert msg["storage"] == "s3://c/d" and msg["searcher"] == "Trial"
 
 
+def test_trial_record_says_when_a_trial_was_stopped_early():
+    """A scheduler's STOP (the driver's stop_reason "early_stopped") or a stopper's reason
+    shows as a status detail; a trial whose trainable returned shows none."""
+    pruned, finished, stopped = Trial("a", {}), Trial("b", {}), Trial("c", {})
+    for trial in (pruned, finished, stopped):
+        trial.update_last_result({"training_iteration": 3, "loss": 1.0})
+    pruned.stop_reason, stopped.stop_reason = "early_stopped", "stopper"
+    for trial in (pruned, finished, stopped):
+        trial.set_status("TERMINATED")
+    records = [trial_record(t, "loss", "min") for t in (pruned, finished, stopped)]
+    assert [(r["stopped_early"], r["status_detail"]) for r in records] == [
+        (True, "stopped early at iteration 3"), (False, None),
+        (True, "stopped early at iteration 3 (stopper)")]
+
+
 def test_state_bounds_points_and_tracks_best():
     state = DashboardState(max_points=100)
     state.apply({"type": "experiment", "experiment_id": "e", "name": "e", "metric": "m",
