@@ -345,7 +345,7 @@ def test_asha_run_marks_stopped_trials_in_chromium(page, local_client, tmp_path)
                           timeout=5).json()["trials"]
     assert sorted(t["trial_id"] for t in trials if t["stopped_early"]) == stopped
     for t in trials:
-        want = f"stopped early at iteration {ran[t['trial_id']]}" if t["stopped_early"] \
+        want = f"stopped early at iteration {ran[t['trial_id']]} of 9" if t["stopped_early"] \
             else None
         assert t["status_detail"] == want
 

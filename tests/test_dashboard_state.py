@@ -55,19 +55,25 @@ def test_trial_record_uses_trial_fields():
     assert msg["storage"] == "s3://c/d" and msg["searcher"] == "Trial"
 
 
-def test_trial_record_says_when_a_trial_was_stopped_early():
-    """A scheduler's STOP (the driver's stop_reason "early_stopped") or a stopper's reason
-    shows as a status detail; a trial whose trainable returned shows none."""
-    pruned, finished, stopped = Trial("a", {}), Trial("b", {}), Trial("c", {})
-    for trial in (pruned, finished, stopped):
-        trial.update_last_result({"training_iteration": 3, "loss": 1.0})
-    pruned.stop_reason, stopped.stop_reason = "early_stopped", "stopper"
-    for trial in (pruned, finished, stopped):
+def test_trials_stopped_below_the_furthest_iteration_are_stopped_early():
+    """The scheduler's STOP (stop_reason "early_stopped") below the furthest iteration
+    any trial reached is an early stop; a STOP at that bound (ASHA's max_t) and a trial
+    whose trainable returned are not."""
+    trials = {name: Trial(name, {}) for name in ("pruned", "at_max_t", "returned", "queued")}
+    for name, n in (("pruned", 3), ("at_max_t", 9), ("returned", 9)):
+        for i in range(1, n + 1):
+            trials[name].update_last_result({"training_iteration": i, "loss": 1.0 / i})
+    for name in ("pruned", "at_max_t", "queued"):
+        trials[name].stop_reason = "early_stopped"
+    for trial in trials.values():
         trial.set_status("TERMINATED")
-    records = [trial_record(t, "loss", "min") for t in (pruned, finished, stopped)]
-    assert [(r["stopped_early"], r["status_detail"]) for r in records] == [
-        (True, "stopped early at iteration 3"), (False, None),
-        (True, "stopped early at iteration 3 (stopper)")]
+    state = DashboardState()
+    state.apply({"type": "trials", "experiment_id": "e",
+                 "trials": [trial_record(t, "loss", "min") for t in trials.values()]})
+    got = {r["trial_id"]: (r["stopped_early"], r["status_detail"]) for r in state.trials("e")}
+    assert got == {"pruned": (True, "stopped early at iteration 3 of 9"),
+                   "at_max_t": (False, None), "returned": (False, None),
+                   "queued": (True, "stopped before its first result")}
 
 
 def test_state_bounds_points_and_tracks_best():

@@ -29,8 +29,6 @@ from bokeh.palettes import Category10
 from bokeh.plotting import figure
 from distributed.dashboard.components import DashboardComponent
 
-from dasktune.dashboard._messages import stopped_early
-
 if TYPE_CHECKING:
     from dasktune.dashboard._state import DashboardState, ExperimentView
 
@@ -49,11 +47,6 @@ NAN = float("nan")
 def trial_colors(view: ExperimentView) -> dict[str, str]:
     """A stable colour per trial: its position in the experiment's trial order."""
     return {tid: PALETTE[i % len(PALETTE)] for i, tid in enumerate(view.trials)}
-
-
-def was_stopped_early(record: dict[str, Any]) -> bool:
-    """Whether a trial record (live or read from storage) says it was stopped early."""
-    return stopped_early(record.get("status"), record.get("stop_reason"))
 
 
 def short_worker(address: Any) -> str:
@@ -205,6 +198,7 @@ class TrialTable(DashboardComponent):
         if view is None:
             return
         records = list(view.trials.values())
+        early = view.early_stops()
         metric = view.info.get("metric") or "metric"
         self.last_col.title = f"last {metric}"
         self.best_col.title = f"best {metric}"
@@ -212,7 +206,7 @@ class TrialTable(DashboardComponent):
             "trial_id": [r["trial_id"] for r in records],
             "status": [r.get("status") for r in records],
             "status_color": [STATUS_COLORS.get(r.get("status"), "#333") for r in records],
-            "detail": [r.get("status_detail") or "" for r in records],
+            "detail": [early.get(r["trial_id"], "") for r in records],
             "config": [format_config(r.get("config")) for r in records],
             "iteration": [num(r.get("iteration")) for r in records],
             "last": [num(r.get("last")) for r in records],
@@ -274,20 +268,21 @@ class MetricCurves(DashboardComponent):
         base_alpha, base_width = max(0.25, 0.85 / math.sqrt(crowd)), max(1.0, 1.5 / crowd)
         data: dict[str, list[Any]] = {k: [] for k in self.source.data}
         marks: dict[str, list[Any]] = {k: [] for k in self.stop_source.data}
+        early_stops = view.early_stops()
         order = sorted(view.trials, key=lambda tid: tid == best_id)  # the best one last
         for tid in order:
             record = view.trials[tid]
             points = view.points.get(tid, [])
             status = record.get("status")
             color, alpha, width, dash = colors[tid], base_alpha, base_width, "solid"
-            early = was_stopped_early(record)
+            early = tid in early_stops
             if early:
                 color, alpha = GREY, min(alpha, 0.6)
                 if points:
                     marks["x"].append(points[-1][0])
                     marks["y"].append(points[-1][1])
                     marks["trial_id"].append(tid)
-                    marks["detail"].append(record.get("status_detail") or "stopped early")
+                    marks["detail"].append(early_stops[tid])
             elif status == "ERROR":
                 alpha, dash = min(alpha, 0.6), "dotted"
             elif status in ("PENDING", "PAUSED"):

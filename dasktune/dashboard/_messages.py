@@ -34,10 +34,6 @@ MODES = (None, "min", "max")
 RUNNING = "RUNNING"
 FINISHED = "FINISHED"
 
-# A TERMINATED trial with another stop_reason was stopped early: pruned by its scheduler
-# (the driver says "early_stopped") or by a stopper, before its trainable returned.
-NATURAL_STOPS = frozenset({None, "", "done", "completed", "finished"})
-
 
 def check_metric_mode(metric: Any, mode: Any) -> None:
     """Raise a clear error for a metric that is not a string or a mode not min/max."""
@@ -125,26 +121,10 @@ def trial_record(trial: Trial, metric: str | None, mode: str | None) -> dict[str
         "restarts": int(trial.num_restarts),
         "failures": int(trial.num_failures),
         "stop_reason": trial.stop_reason,
-        "stopped_early": stopped_early(trial.status, trial.stop_reason),
-        "status_detail": status_detail(trial.status, trial.stop_reason, iteration),
         "start_time": finite_number(trial.start_time),
         "end_time": finite_number(trial.end_time),
         "placements": placements,
     }
-
-
-def stopped_early(status: Any, stop_reason: Any) -> bool:
-    """Whether a trial ended because it was stopped, not because its trainable returned."""
-    return status == "TERMINATED" and stop_reason not in NATURAL_STOPS
-
-
-def status_detail(status: Any, stop_reason: Any, iteration: Any) -> str | None:
-    """What the page shows beside a trial's status: why and where it stopped early."""
-    if not stopped_early(status, stop_reason):
-        return None
-    by = "" if stop_reason == "early_stopped" else f" ({stop_reason})"
-    where = f" at iteration {iteration}" if isinstance(iteration, int) else ""
-    return f"stopped early{where}{by}"
 
 
 def result_point(trial_id: str, result: dict[str, Any], metric: str | None,
