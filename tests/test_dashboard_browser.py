@@ -367,15 +367,17 @@ def test_hundred_trials_stay_readable_in_chromium(page, local_client):
     one the only thick one, every stopped one marked, and short bars left unlabelled."""
     url = register_dashboard(local_client)
     workers = sorted(local_client.scheduler_info()["workers"])
+    t0 = time.time() - 70  # the 100 trials fill four slots for about a minute
     cb = DashboardCallback(local_client, {
-        "name": "browser-100", "metric": "loss", "mode": "min",
-        "scheduler": "ASHAScheduler"}, flush_interval=0)
+        "name": "browser-100", "metric": "loss", "mode": "min", "start_time": t0,
+        "searcher": "BasicVariantGenerator", "scheduler": "ASHAScheduler"},
+        flush_interval=0)
     trials = [Trial(f"t{i:03d}", {"lr": round(0.001 * (i + 1), 4), "layers": 1 + i % 4})
               for i in range(100)]
     cb.setup(total_num_samples=len(trials))
     # ASHA-like budgets: most trials stop at 1 or 3 iterations, a few run all 9; four
     # slots (two per worker) take trials in order, an iteration a second.
-    slots, t0 = [0.0] * 4, time.time() - 400
+    slots = [0.0] * 4
     stopped = []
     for i, trial in enumerate(trials):
         n = 9 if i % 10 == 0 else 3 if i % 3 == 0 else 1
