@@ -68,10 +68,12 @@ def _short(value: Any) -> str:
 
 
 def num(value: Any) -> float:
+    """A number for a Bokeh column: None becomes NaN (shown as "–")."""
     return NAN if value is None else float(value)
 
 
 def ms(t: float | None) -> float:
+    """Seconds since the epoch as Bokeh's datetime milliseconds (None: NaN)."""
     return NAN if t is None else t * 1000.0
 
 

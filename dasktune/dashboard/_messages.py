@@ -108,12 +108,11 @@ def trial_record(trial: Trial, metric: str | None, mode: str | None) -> dict[str
     ]
     current = placements[-1] if placements else {}
     iteration = last_result.get("training_iteration")
-    iteration = iteration if isinstance(iteration, int) else None
     return {
         "trial_id": str(trial.trial_id),
         "status": trial.status,
         "config": jsonable(trial.config),
-        "iteration": iteration,
+        "iteration": iteration if isinstance(iteration, int) else None,
         "last": last,
         "best": best,
         "worker": current.get("worker"),
