@@ -265,3 +265,147 @@ def test_real_tuner_live_in_chromium(page, local_client, tmp_path):
     best = results.get_best_result().metrics["trial_id"]
     expect_statuses(page, {tid: "TERMINATED" for tid in ids})
     page.wait_for_function(CURVES_JS, arg=[2, best])
+
+
+# Every drawn Gantt label fits its bar on screen (measured through the rendered plot's
+# own scale and the canvas's text metrics), and bars too narrow for their id carry none.
+GANTT_LABELS_JS = """() => {
+    const doc = Bokeh.documents[0];
+    const fig = doc.get_model_by_name('dasktune-gantt');
+    const bars = doc.get_model_by_name('dasktune-placements').data;
+    const labels = doc.get_model_by_name('dasktune-gantt-labels').data;
+    const view = Bokeh.index.find_one(fig);
+    const scale = view.frame.x_scale;
+    const ctx = document.createElement('canvas').getContext('2d');
+    ctx.font = '11px helvetica';
+    const drawn = new Set(Array.from(labels.text).map((t, i) => t + '@' + labels.x[i]));
+    const out = {bars: bars.left.length, fit: 0, drawn: drawn.size, misfits: []};
+    for (let i = 0; i < bars.left.length; i++) {
+        const px = Math.abs(scale.compute(bars.right[i]) - scale.compute(bars.left[i]));
+        const fits = ctx.measureText(String(bars.trial_id[i])).width + 8 <= px;
+        out.fit += fits;
+        if (fits !== drawn.has(bars.trial_id[i] + '@' + bars.left[i]))
+            out.misfits.push([bars.trial_id[i], px, fits]);
+    }
+    out.rows = fig.y_range.factors.length;
+    out.row_px = view.frame.bbox.height / out.rows;
+    return out;
+}"""
+
+STOPPED_MARKS_JS = """() => {
+    const d = Bokeh.documents[0].get_model_by_name('dasktune-stopped-marks').data;
+    return Array.from(d.trial_id).sort();
+}"""
+
+
+def check_gantt_labels(page) -> dict:
+    """Labels drawn exactly where they fit; the y-axis has a text line per row."""
+    page.wait_for_function("""() => {
+        const d = Bokeh.documents[0].get_model_by_name('dasktune-gantt-labels').data;
+        return d.text.length > 0;
+    }""")
+    got = page.evaluate(GANTT_LABELS_JS)
+    assert got["misfits"] == [], got
+    assert got["row_px"] >= 14, got  # 11px worker names on the y-axis do not overlap
+    return got
+
+
+def _asha_trainable(config):
+    import dasktune as tune
+
+    for i in range(1, 10):
+        tune.report({"loss": config["x"] + 1.0 / i})
+        time.sleep(0.05)
+
+
+def test_asha_run_marks_stopped_trials_in_chromium(page, local_client, tmp_path):
+    """A real 12-trial ASHA run: the trials ASHA stopped are marked in the JSON, the
+    table and on their curves; one line per trial; Gantt labels only where they fit."""
+    import requests
+
+    import dasktune as tune
+
+    tuner = tune.Tuner(
+        _asha_trainable, param_space={"x": tune.grid_search([i / 10 for i in range(12)])},
+        tune_config=tune.TuneConfig(
+            metric="loss", mode="min",
+            scheduler=tune.schedulers.ASHAScheduler(max_t=9, grace_period=1,
+                                                    reduction_factor=3)),
+        run_config=tune.RunConfig(name="browser-asha", storage_path=str(tmp_path / "r"),
+                                  verbose=0))
+    results = tuner.fit()
+    ran = {r.metrics["trial_id"]: r.metrics["training_iteration"] for r in results}
+    stopped = sorted(t for t, n in ran.items() if n < 9)
+    assert stopped, "ASHA stopped no trial: the test shows nothing"
+    base = local_client.dashboard_link.split("/status")[0]
+    eid = next(e["experiment_id"] for e in requests.get(
+        f"{base}/dasktune/api/experiments", timeout=5).json()["experiments"]
+        if e["name"] == "browser-asha")
+    trials = requests.get(f"{base}/dasktune/api/trials", params={"experiment": eid},
+                          timeout=5).json()["trials"]
+    assert sorted(t["trial_id"] for t in trials if t["stopped_early"]) == stopped
+    for t in trials:
+        want = f"stopped early at iteration {ran[t['trial_id']]} of 9" if t["stopped_early"] \
+            else None
+        assert t["status_detail"] == want
+
+    page.goto(f"{base}/dasktune?experiment={eid}")
+    expect_statuses(page, {tid: "TERMINATED" for tid in ran})
+    best = results.get_best_result().metrics["trial_id"]
+    page.wait_for_function(CURVES_JS, arg=[12, best])
+    assert page.evaluate(STOPPED_MARKS_JS) == stopped
+    from playwright.sync_api import expect
+    detail = page.locator(".slick-cell.l2", has_text="stopped early at iteration")
+    expect(detail).to_have_count(len(stopped))
+    check_gantt_labels(page)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard-12-trials.png"), full_page=True)
+
+
+def test_hundred_trials_stay_readable_in_chromium(page, local_client):
+    """100 short trials (simulated, on the real cluster's dashboard): 100 lines, the best
+    one the only thick one, every stopped one marked, and short bars left unlabelled."""
+    url = register_dashboard(local_client)
+    workers = sorted(local_client.scheduler_info()["workers"])
+    t0 = time.time() - 70  # the 100 trials fill four slots for about a minute
+    cb = DashboardCallback(local_client, {
+        "name": "browser-100", "metric": "loss", "mode": "min", "start_time": t0,
+        "searcher": "BasicVariantGenerator", "scheduler": "ASHAScheduler"},
+        flush_interval=0)
+    trials = [Trial(f"t{i:03d}", {"lr": round(0.001 * (i + 1), 4), "layers": 1 + i % 4})
+              for i in range(100)]
+    cb.setup(total_num_samples=len(trials))
+    # ASHA-like budgets: most trials stop at 1 or 3 iterations, a few run all 9; four
+    # slots (two per worker) take trials in order, an iteration a second.
+    slots = [0.0] * 4
+    stopped = []
+    for i, trial in enumerate(trials):
+        n = 9 if i % 10 == 0 else 3 if i % 3 == 0 else 1
+        slot = min(range(4), key=slots.__getitem__)
+        start = t0 + slots[slot]
+        slots[slot] += n
+        trial.set_status("RUNNING")
+        trial.attempt += 1
+        trial.placements.append(Placement(1, workers[slot % 2], "127.0.0.1", start))
+        cb.on_trial_start(i, trials, trial)
+        for it in range(1, n + 1):
+            result = {"training_iteration": it, "timestamp": start + it,
+                      "loss": 1.0 / it + (i % 17) / 20}
+            trial.update_last_result(result)
+            cb.on_trial_result(i, trials, trial, result)
+        trial.placements[-1].end = start + n
+        trial.placements[-1].outcome = "done" if n == 9 else "stopped"
+        if n < 9:
+            trial.stop_reason = "early_stopped"
+            stopped.append(trial.trial_id)
+        trial.set_status("TERMINATED")
+        cb.on_trial_complete(i, trials, trial)
+    cb.on_experiment_end(trials)
+
+    page.goto(f"{url}?experiment={cb.experiment_id}")
+    page.wait_for_function(CURVES_JS, arg=[100, "t000"])
+    assert page.evaluate(STOPPED_MARKS_JS) == stopped
+    got = check_gantt_labels(page)
+    assert 0 < got["drawn"] < got["bars"] == 100, got  # some bars are too short to label
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard-100-trials.png"), full_page=True)

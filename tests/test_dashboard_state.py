@@ -55,6 +55,27 @@ def test_trial_record_uses_trial_fields():
     assert msg["storage"] == "s3://c/d" and msg["searcher"] == "Trial"
 
 
+def test_trials_stopped_below_the_furthest_iteration_are_stopped_early():
+    """The scheduler's STOP (stop_reason "early_stopped") below the furthest iteration
+    any trial reached is an early stop; a STOP at that bound (ASHA's max_t) and a trial
+    whose trainable returned are not."""
+    trials = {name: Trial(name, {}) for name in ("pruned", "at_max_t", "returned", "queued")}
+    for name, n in (("pruned", 3), ("at_max_t", 9), ("returned", 9)):
+        for i in range(1, n + 1):
+            trials[name].update_last_result({"training_iteration": i, "loss": 1.0 / i})
+    for name in ("pruned", "at_max_t", "queued"):
+        trials[name].stop_reason = "early_stopped"
+    for trial in trials.values():
+        trial.set_status("TERMINATED")
+    state = DashboardState()
+    state.apply({"type": "trials", "experiment_id": "e",
+                 "trials": [trial_record(t, "loss", "min") for t in trials.values()]})
+    got = {r["trial_id"]: (r["stopped_early"], r["status_detail"]) for r in state.trials("e")}
+    assert got == {"pruned": (True, "stopped early at iteration 3 of 9"),
+                   "at_max_t": (False, None), "returned": (False, None),
+                   "queued": (True, "stopped before its first result")}
+
+
 def test_state_bounds_points_and_tracks_best():
     state = DashboardState(max_points=100)
     state.apply({"type": "experiment", "experiment_id": "e", "name": "e", "metric": "m",

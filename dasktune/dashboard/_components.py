@@ -19,7 +19,6 @@ from bokeh.models import (
     DataTable,
     DatetimeTickFormatter,
     Div,
-    FactorRange,
     HoverTool,
     NumberFormatter,
     Select,
@@ -42,20 +41,12 @@ STATUS_COLORS = {
     "TERMINATED": "#2ca02c",
     "ERROR": "#d62728",
 }
-OUTCOME_LINE = {"lost": "#d62728", "error": "#d62728"}
-# A TERMINATED trial with another stop_reason was stopped early (pruned by a scheduler,
-# or by a stopper): drawn grey and dashed.
-NATURAL_STOPS = frozenset({None, "", "done", "completed", "finished"})
 NAN = float("nan")
 
 
 def trial_colors(view: ExperimentView) -> dict[str, str]:
     """A stable colour per trial: its position in the experiment's trial order."""
     return {tid: PALETTE[i % len(PALETTE)] for i, tid in enumerate(view.trials)}
-
-
-def stopped_early(record: dict[str, Any]) -> bool:
-    return record.get("status") == "TERMINATED" and record.get("stop_reason") not in NATURAL_STOPS
 
 
 def short_worker(address: Any) -> str:
@@ -76,11 +67,13 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:39] + "…"
 
 
-def _num(value: Any) -> float:
+def num(value: Any) -> float:
+    """A number for a Bokeh column: None becomes NaN (shown as "–")."""
     return NAN if value is None else float(value)
 
 
-def _ms(t: float | None) -> float:
+def ms(t: float | None) -> float:
+    """Seconds since the epoch as Bokeh's datetime milliseconds (None: NaN)."""
     return NAN if t is None else t * 1000.0
 
 
@@ -89,22 +82,6 @@ def time_axis(fig: Any) -> None:
     fig.xaxis.formatter = DatetimeTickFormatter(
         milliseconds="%H:%M:%S.%3N", seconds="%H:%M:%S", minsec="%H:%M:%S",
         minutes="%H:%M", hourmin="%H:%M", hours="%H:%M", days="%b %d", context=None)
-
-
-def lanes(intervals: list[tuple[float, float]]) -> list[int]:
-    """Greedy lane per interval so that overlapping attempts on one worker don't hide."""
-    ends: list[float] = []
-    out = []
-    for start, end in intervals:
-        for i, lane_end in enumerate(ends):
-            if lane_end <= start:
-                ends[i] = end
-                out.append(i)
-                break
-        else:
-            ends.append(end)
-            out.append(len(ends) - 1)
-    return out
 
 
 def format_duration(seconds: float | None) -> str:
@@ -182,10 +159,11 @@ class Summary(DashboardComponent):
 
 
 class TrialTable(DashboardComponent):
-    """One sortable row per trial: id, status, config, iteration, metric, where, restarts."""
+    """One sortable row per trial: id, status (and why it stopped early), config,
+    iteration, metric, where, restarts."""
 
-    COLUMNS = ("trial_id", "status", "status_color", "config", "iteration", "last", "best",
-               "worker", "host", "restarts")
+    COLUMNS = ("trial_id", "status", "status_color", "detail", "config", "iteration", "last",
+               "best", "worker", "host", "restarts")
 
     def __init__(self, **kwargs: Any):
         super().__init__()
@@ -200,6 +178,7 @@ class TrialTable(DashboardComponent):
             TableColumn(field="status", title="status", width=90,
                         formatter=StringFormatter(text_color="status_color",
                                                   font_style="bold")),
+            TableColumn(field="detail", title="detail", width=170),
             TableColumn(field="config", title="config", width=300),
             TableColumn(field="iteration", title="iter", formatter=integer, width=50),
             self.last_col,
@@ -221,6 +200,7 @@ class TrialTable(DashboardComponent):
         if view is None:
             return
         records = list(view.trials.values())
+        early = view.early_stops()
         metric = view.info.get("metric") or "metric"
         self.last_col.title = f"last {metric}"
         self.best_col.title = f"best {metric}"
@@ -228,13 +208,14 @@ class TrialTable(DashboardComponent):
             "trial_id": [r["trial_id"] for r in records],
             "status": [r.get("status") for r in records],
             "status_color": [STATUS_COLORS.get(r.get("status"), "#333") for r in records],
+            "detail": [early.get(r["trial_id"], "") for r in records],
             "config": [format_config(r.get("config")) for r in records],
-            "iteration": [_num(r.get("iteration")) for r in records],
-            "last": [_num(r.get("last")) for r in records],
-            "best": [_num(r.get("best")) for r in records],
+            "iteration": [num(r.get("iteration")) for r in records],
+            "last": [num(r.get("last")) for r in records],
+            "best": [num(r.get("best")) for r in records],
             "worker": [short_worker(r.get("worker")) for r in records],
             "host": [r.get("host") or "" for r in records],
-            "restarts": [_num(r.get("restarts")) for r in records],
+            "restarts": [num(r.get("restarts")) for r in records],
         }
         # Tall enough to show every row up to a point (the grid only draws visible rows).
         height = min(60 + 26 * max(len(records), 1), 640)
@@ -243,56 +224,84 @@ class TrialTable(DashboardComponent):
 
 
 class MetricCurves(DashboardComponent):
-    """The metric of every trial against ``training_iteration``; the best one is thick."""
+    """The metric of every trial against ``training_iteration``: one line per trial
+    (hover: its id and config), the best one thick and drawn last, a cross where a trial
+    was stopped early. Lines thin out as trials grow, so 100 trials stay readable."""
 
     def __init__(self, **kwargs: Any):
         super().__init__()
         self.source = ColumnDataSource(
-            {"xs": [], "ys": [], "trial_id": [], "status": [], "color": [], "alpha": [],
-             "width": [], "dash": []},
+            {"xs": [], "ys": [], "trial_id": [], "status": [], "config": [], "color": [],
+             "alpha": [], "width": [], "dash": []},
             name="dasktune-curves",
         )
         self.best_source = ColumnDataSource({"x": [], "y": [], "trial_id": []},
                                             name="dasktune-best-point")
+        self.stop_source = ColumnDataSource({"x": [], "y": [], "trial_id": [], "detail": []},
+                                            name="dasktune-stopped-marks")
         self.root = figure(title="Metric per trial", x_axis_label="training_iteration",
                            height=320, tools="pan,wheel_zoom,box_zoom,reset",
                            name="dasktune-curves-figure", **kwargs)
         self.root.xaxis.ticker.min_interval = 1  # iterations are whole numbers
         lines = self.root.multi_line(xs="xs", ys="ys", source=self.source, line_color="color",
-                                     line_alpha="alpha", line_width="width", line_dash="dash")
-        self.root.scatter(x="x", y="y", source=self.best_source, size=11, marker="star",
-                          color="#000000")
+                                     line_alpha="alpha", line_width="width", line_dash="dash",
+                                     hover_line_alpha=1.0, hover_line_width=3)
+        marks = self.root.scatter(x="x", y="y", source=self.stop_source, size=9, marker="x",
+                                  line_width=2, color="#d62728",
+                                  legend_label="stopped early")
+        self.root.scatter(x="x", y="y", source=self.best_source, size=13, marker="star",
+                          color="#000000", legend_label="best")
+        self.root.legend.location = "top_right"
+        self.root.legend.background_fill_alpha = 0.6
         self.root.add_tools(HoverTool(renderers=[lines], tooltips=[
-            ("trial", "@trial_id"), ("status", "@status"), ("iteration", "$data_x{0}"),
-            ("value", "$data_y{0.[0000]}")]))
+            ("trial", "@trial_id"), ("config", "@config"), ("status", "@status"),
+            ("iteration", "$data_x{0}"), ("value", "$data_y{0.[0000]}")]))
+        self.root.add_tools(HoverTool(renderers=[marks], tooltips=[
+            ("trial", "@trial_id"), ("", "@detail")]))
 
     def update(self, view: ExperimentView | None, now: float) -> None:
         if view is None:
             return
         colors = trial_colors(view)
         best_id = view.best_trial_id()
+        # Past a dozen trials each line gets thinner and fainter, so the bundle shows its
+        # shape and the best line (drawn last, thick, opaque) stands out above it.
+        crowd = max(1.0, len(view.trials) / 12)
+        base_alpha, base_width = max(0.25, 0.85 / math.sqrt(crowd)), max(1.0, 1.5 / crowd)
         data: dict[str, list[Any]] = {k: [] for k in self.source.data}
-        for tid, record in view.trials.items():
+        marks: dict[str, list[Any]] = {k: [] for k in self.stop_source.data}
+        early_stops = view.early_stops()
+        order = sorted(view.trials, key=lambda tid: tid == best_id)  # the best one last
+        for tid in order:
+            record = view.trials[tid]
             points = view.points.get(tid, [])
             status = record.get("status")
-            color, alpha, width, dash = colors[tid], 0.85, 1.5, "solid"
-            if stopped_early(record):
-                color, alpha, dash = GREY, 0.6, "dashed"
+            color, alpha, width, dash = colors[tid], base_alpha, base_width, "solid"
+            early = tid in early_stops
+            if early:
+                color, alpha = GREY, min(alpha, 0.6)
+                if points:
+                    marks["x"].append(points[-1][0])
+                    marks["y"].append(points[-1][1])
+                    marks["trial_id"].append(tid)
+                    marks["detail"].append(early_stops[tid])
             elif status == "ERROR":
-                alpha, dash = 0.6, "dotted"
+                alpha, dash = min(alpha, 0.6), "dotted"
             elif status in ("PENDING", "PAUSED"):
-                alpha, dash = 0.6, "dashed"
+                alpha, dash = min(alpha, 0.6), "dashed"
             if tid == best_id:
                 alpha, width = 1.0, 4.0
             data["xs"].append([p[0] for p in points])
             data["ys"].append([p[1] for p in points])
             data["trial_id"].append(tid)
-            data["status"].append(status + (" (stopped early)" if stopped_early(record) else ""))
+            data["status"].append(str(status) + (" (stopped early)" if early else ""))
+            data["config"].append(format_config(record.get("config")))
             data["color"].append(color)
             data["alpha"].append(alpha)
             data["width"].append(width)
             data["dash"].append(dash)
         self.source.data = data
+        self.stop_source.data = marks
         best: dict[str, list[Any]] = {"x": [], "y": [], "trial_id": []}
         if best_id is not None:
             target = view.trials[best_id]["best"]
@@ -334,80 +343,8 @@ class BestSoFar(DashboardComponent):
             end = view.info.get("end_time") or now
             series.append([max(end, series[-1][0]), series[-1][1], series[-1][2]])
         self.source.data = {
-            "t": [_ms(p[0]) for p in series],
+            "t": [ms(p[0]) for p in series],
             "best": [p[1] for p in series],
             "trial_id": [p[2] for p in series],
         }
         self.root.yaxis.axis_label = f"best {view.info.get('metric') or 'metric'}"
-
-
-class PlacementGantt(DashboardComponent):
-    """Which worker ran which trial when; an attempt cut short by a lost worker is red.
-
-    Rows are ``(worker, lane)``: a worker running several trials at once gets one lane
-    per concurrent attempt, so a trial that moved after a lost worker shows on both.
-    """
-
-    COLUMNS = ("row", "worker", "left", "right", "trial_id", "attempt", "outcome", "host",
-               "color", "line_color", "line_dash", "hatch")
-    EMPTY = [("(no placements yet)", "")]
-
-    def __init__(self, **kwargs: Any):
-        super().__init__()
-        self.source = ColumnDataSource({c: [] for c in self.COLUMNS},
-                                       name="dasktune-placements")
-        self.root = figure(title="Trial placement per worker", x_axis_type="datetime",
-                           y_range=FactorRange(factors=self.EMPTY, group_padding=0.6),
-                           height=220, tools="xpan,xwheel_zoom,reset",
-                           name="dasktune-gantt", **kwargs)
-        time_axis(self.root)
-        bars = self.root.hbar(y="row", left="left", right="right", height=0.8,
-                              source=self.source, fill_color="color", fill_alpha=0.7,
-                              line_color="line_color", line_width=2, line_dash="line_dash",
-                              hatch_pattern="hatch",
-                              hatch_color="#d62728", hatch_alpha=0.6)
-        self.root.text(x="left", y="row", text="trial_id", source=self.source,
-                       text_font_size="11px", text_baseline="middle", x_offset=4)
-        self.root.add_tools(HoverTool(renderers=[bars], tooltips=[
-            ("trial", "@trial_id"), ("attempt", "@attempt"), ("worker", "@worker"),
-            ("host", "@host"), ("outcome", "@outcome"), ("start", "@left{%T}"),
-            ("end", "@right{%T}")], formatters={"@left": "datetime", "@right": "datetime"}))
-
-    def update(self, view: ExperimentView | None, now: float) -> None:
-        if view is None:
-            return
-        colors = trial_colors(view)
-        end_of_run = view.info.get("end_time") or now
-        bars = []
-        for tid, record in view.trials.items():
-            for p in record.get("placements") or []:
-                if p.get("start") is None:
-                    continue
-                end = p["end"] if p.get("end") is not None else end_of_run
-                outcome = p.get("outcome") or ("running" if p.get("end") is None else "?")
-                bars.append((short_worker(p.get("worker")), p["start"], end, tid, p, outcome))
-        bars.sort(key=lambda b: (b[0], b[1]))
-        data: dict[str, list[Any]] = {c: [] for c in self.COLUMNS}
-        factors: list[tuple[str, str]] = []
-        for worker in sorted({b[0] for b in bars}):
-            mine = [b for b in bars if b[0] == worker]
-            assigned = lanes([(b[1], b[2]) for b in mine])
-            factors += [(worker, str(i)) for i in range(max(assigned) + 1)]
-            for (_, start, end, tid, p, outcome), lane in zip(mine, assigned, strict=True):
-                data["row"].append((worker, str(lane)))
-                data["worker"].append(worker)
-                data["left"].append(_ms(start))
-                data["right"].append(_ms(end))
-                data["trial_id"].append(tid)
-                data["attempt"].append(p.get("attempt"))
-                data["outcome"].append(outcome)
-                data["host"].append(p.get("host") or "")
-                data["color"].append(colors[tid])
-                data["line_color"].append(OUTCOME_LINE.get(outcome, colors[tid]))
-                data["line_dash"].append("dashed" if outcome in ("stopped", "paused") else "solid")
-                data["hatch"].append("/" if outcome == "lost" else " ")
-        factors = factors or self.EMPTY
-        if [tuple(f) for f in self.root.y_range.factors] != factors:
-            self.root.y_range.factors = factors
-        self.root.height = max(160, 70 + 26 * len(factors))
-        self.source.data = data

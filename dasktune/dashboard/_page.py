@@ -13,10 +13,10 @@ from dasktune.dashboard._components import (
     BestSoFar,
     ExperimentSelector,
     MetricCurves,
-    PlacementGantt,
     Summary,
     TrialTable,
 )
+from dasktune.dashboard._gantt import PlacementGantt
 
 if TYPE_CHECKING:
     from bokeh.document import Document

@@ -29,6 +29,10 @@ from dasktune.dashboard._messages import (
     better,
 )
 
+# A TERMINATED trial with another stop_reason was stopped by the driver (its
+# "early_stopped": the scheduler said STOP), not ended by its trainable.
+NATURAL_STOPS = frozenset({None, "", "done", "completed", "finished"})
+
 _INFO_KEYS = ("name", "storage", "searcher", "scheduler", "metric", "mode", "start_time",
               "end_time", "status", "waiting")
 
@@ -65,6 +69,25 @@ class ExperimentView:
             if value is not None and self.better(value, best):
                 best_id, best = trial_id, value
         return best_id
+
+    def early_stops(self) -> dict[str, str]:
+        """Trial id -> "stopped early at iteration N of M" for the trials the scheduler
+        stopped short of M, the furthest iteration any trial of the experiment reached.
+
+        ASHA also says STOP to the trials that reach its ``max_t``, a bound the records
+        do not carry; its survivors reach it, so "stopped below the furthest iteration"
+        tells the pruned trials from the finished ones.
+        """
+        iterations = {tid: r.get("iteration") if isinstance(r.get("iteration"), int) else 0
+                      for tid, r in self.trials.items()}
+        furthest = max(iterations.values(), default=0)
+        return {
+            tid: f"stopped early at iteration {iterations[tid]} of {furthest}"
+            if iterations[tid] else "stopped before its first result"
+            for tid, r in self.trials.items()
+            if r.get("status") == "TERMINATED" and r.get("stop_reason") not in NATURAL_STOPS
+            and iterations[tid] < furthest
+        }
 
     def summary(self) -> dict[str, Any]:
         by_status = Counter(r.get("status") for r in self.trials.values())
@@ -219,12 +242,18 @@ class DashboardState:
             return [self._experiments[i].summary() for i in self.experiment_ids()]
 
     def trials(self, experiment_id: str, *, points: bool = False) -> list[dict[str, Any]]:
-        """Trial records of one experiment; with ``points``, each gets its metric curve."""
+        """Trial records of one experiment, each with ``stopped_early`` and its
+        ``status_detail`` (see :meth:`ExperimentView.early_stops`); with ``points``, each
+        gets its metric curve."""
         with self._lock:
             view = self._experiments.get(experiment_id)
             if view is None:
                 raise KeyError(experiment_id)
             records = copy.deepcopy(list(view.trials.values()))
+            early = view.early_stops()
+            for record in records:
+                record["stopped_early"] = record["trial_id"] in early
+                record["status_detail"] = early.get(record["trial_id"])
             if points:
                 for record in records:
                     record["points"] = copy.deepcopy(view.points.get(record["trial_id"], []))
