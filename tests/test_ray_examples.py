@@ -45,6 +45,9 @@ SCRIPTS = {
     "logging_example": "Best hyperparameters:",
     "custom_checkpointing_with_callback": "Best hyperparameters:",
     "custom_func_checkpointing": "Best checkpoint:",
+    # the integrations: XGBoost and LightGBM callbacks, MLflow logging
+    "xgboost_example": "Best model total accuracy:",
+    "lightgbm_example": "Best hyperparameters found were:",
 }
 
 # The import change, and only that: each rule rewrites whole import lines.
@@ -53,6 +56,8 @@ IMPORT_CHANGE = [
     (re.compile(r"^import ray$"), "import dasktune as ray"),  # ray.init / ray.shutdown
     (re.compile(r"^from ray\.tune import "), "from dasktune import "),
     (re.compile(r"^from ray\.tune\.([\w.]+) import "), r"from dasktune.\1 import "),
+    (re.compile(r"^from ray\.air\.integrations\.(\w+) import "),
+     r"from dasktune.air.integrations.\1 import "),
 ]
 
 
