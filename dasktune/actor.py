@@ -404,7 +404,7 @@ class TrialActor:
             self._error = traceback.format_exc()
         finally:
             _bind(None)
-            session.close()
+            session.close(failed=self._error is not None)
 
     def _run_function(self, session: TrialSession) -> None:
         config = copy.deepcopy(self.spec.config)

@@ -279,7 +279,7 @@ def _child_main(fd: int, parent_pid: int) -> None:
         error = traceback.format_exc()
     finally:
         _bind(None)
-        session.close()
+        session.close(failed=error is not None)
     try:
         with send_lock:
             conn.send_bytes(pickle.dumps(("done", error)))
