@@ -62,6 +62,9 @@ logger = logging.getLogger(__name__)
 _STOPPING = "stopping"  # ended (TERMINATED/ERROR): wait for the actor to finish
 _PAUSING = "pausing"  # checkpoint, then PAUSED
 _EXPLOITING = "exploiting"  # PBT: restart with a new config from a donor checkpoint
+# Reconfigure at a checkpointed result: PAUSED at once; later results of the attempt are
+# not its lineage (the restart runs them again with the new config and resources).
+_RECONFIGURING = "reconfiguring"
 _REQUEUE = "requeue"  # restart from the latest checkpoint (a graceful move)
 _MIN_SAVE_GAP = 0.5
 _SAVE_SHARE = 19.0  # gap between state saves, in multiples of the last save's duration
@@ -93,6 +96,31 @@ class _Context:
     def storage(self) -> ExperimentStorage:
         """The experiment's storage (PBT writes its ``log_config`` policy files there)."""
         return self._c.storage
+
+    def worker_resources(self) -> dict[str, dict[str, float]]:
+        """What each live worker offers, busy or not (``ResourceChangingScheduler`` shares
+        it out: a trial runs on one worker)."""
+        return self._c.executor.capacities()
+
+    @property
+    def _resource_updater(self) -> _ResourceUpdater:
+        """Ray's ``tune_controller._resource_updater``, which resource allocation functions
+        (Ray's xgboost_dynamic_resources_example) ask for the cluster's CPUs and GPUs."""
+        return _ResourceUpdater(self)
+
+
+class _ResourceUpdater:
+    def __init__(self, ctx: _Context):
+        self._ctx = ctx
+
+    def _total(self, key: str) -> float:
+        return sum(cap.get(key, 0.0) for cap in self._ctx.worker_resources().values())
+
+    def get_num_cpus(self) -> float:
+        return self._total("CPU")
+
+    def get_num_gpus(self) -> float:
+        return self._total("GPU")
 
 
 class TuneController:
@@ -165,6 +193,7 @@ class TuneController:
         self._ctx = _Context(self)
         self._action: dict[str, str] = {}
         self._pending_exploit: dict[str, Any] = {}
+        self._reconfigure: dict[str, Any] = {}  # Reconfigure decisions of pausing trials
         # An exploited trial's next start restores its donor's checkpoint: its metadata.
         self._restore_meta: dict[str, dict[str, Any]] = {}
         self._iteration = 0
@@ -714,7 +743,8 @@ class TuneController:
             if ckpt:
                 self._register_checkpoint(trial, ckpt, result)
             action = self._action.get(trial.trial_id)
-            if result is None or trial.status != RUNNING or action in (_STOPPING, _EXPLOITING):
+            if result is None or trial.status != RUNNING or \
+                    action in (_STOPPING, _EXPLOITING, _RECONFIGURING):
                 continue
             it = int(result.get("training_iteration", 0))
             if it <= trial.logged_iteration:
@@ -783,13 +813,17 @@ class TuneController:
 
     def _apply(self, trial: Trial, decision: Any, result: dict[str, Any],
                checkpointed: bool = False) -> None:
-        from dasktune.schedulers import TrialScheduler
+        from dasktune.schedulers import Reconfigure, TrialScheduler
 
         tid = trial.trial_id
         if decision in (TrialScheduler.CONTINUE, TrialScheduler.NOOP, None):
             return
-        if decision == TrialScheduler.PAUSE:
+        if decision == TrialScheduler.PAUSE or isinstance(decision, Reconfigure):
             self._action[tid] = _PAUSING
+            if isinstance(decision, Reconfigure):  # applied once it stopped (_on_finished)
+                self._reconfigure[tid] = decision
+                if checkpointed:
+                    self._action[tid] = _RECONFIGURING
             # This very result came with a checkpoint: pause right here (as Ray does, at
             # the milestone), not after one more iteration and checkpoint.
             self.executor.stop(tid, checkpoint=not checkpointed)
@@ -837,11 +871,12 @@ class TuneController:
         tid = trial.trial_id
         action = self._action.pop(tid, None)
         self._release(trial)
+        self._take_reconfigure(trial, apply=action in (_PAUSING, _RECONFIGURING) and not error)
         if error and action != _STOPPING:
             self._end_placement(trial, "error")
             self._on_user_error(trial, error)
             return
-        if action == _PAUSING:
+        if action in (_PAUSING, _RECONFIGURING):
             self._end_placement(trial, "paused")
             self._set_status(trial, PAUSED)
         elif action == _EXPLOITING:
@@ -867,10 +902,22 @@ class TuneController:
             self._complete(trial, None)
         self._dirty = True
 
+    def _take_reconfigure(self, trial: Trial, apply: bool) -> None:
+        """A pausing trial's Reconfigure decision: its new config and resources take
+        effect now that it has stopped (its next start is placed with them)."""
+        change = self._reconfigure.pop(trial.trial_id, None)
+        if change is None or not apply:
+            return
+        if change.config is not None:
+            trial.config = dict(change.config)
+        if change.resources is not None:
+            trial.resources = dict(change.resources)
+
     def _on_lost(self, trial: Trial, why: str) -> None:
         tid = trial.trial_id
         action = self._action.get(tid)
         self._pending_exploit.pop(tid, None)
+        self._take_reconfigure(trial, apply=action in (_PAUSING, _RECONFIGURING))
         self._end_placement(trial, "lost")
         self.executor.release(tid)
         if not trial.is_finished and action in (None, _REQUEUE, _PAUSING):
@@ -889,7 +936,7 @@ class TuneController:
             return
         logger.info("trial %s: %s; restarting from %s", tid, why,
                     trial.checkpoint or "scratch")
-        self._set_status(trial, PAUSED if action == _PAUSING else PENDING)
+        self._set_status(trial, PAUSED if action in (_PAUSING, _RECONFIGURING) else PENDING)
         self.callbacks.on_trial_recover(iteration=self._iteration, trials=self.trials,
                                         trial=trial)
         self._dirty = True

@@ -281,6 +281,23 @@ def at_attempt_end(fn: Callable[[bool], None]) -> None:
     session.at_end(fn)
 
 
+class TrialResources(dict):
+    """A trial's resources, ``{"CPU": 2.0, ..., "gpu_ids": [...]}``, that also answer as
+    the ``PlacementGroupFactory`` Ray's ``get_trial_resources()`` returns does."""
+
+    @property
+    def required_resources(self) -> dict[str, float]:
+        return {k: v for k, v in self.items() if k != "gpu_ids"}
+
+    @property
+    def bundles(self) -> list[dict[str, float]]:
+        return [self.required_resources]  # one actor on one worker: one bundle
+
+    @property
+    def head_cpus(self) -> float:
+        return float(self.get("CPU", 0.0))
+
+
 class TrialContext:
     """What a trial knows about itself (Ray's ``tune.get_context()``)."""
 
@@ -303,9 +320,9 @@ class TrialContext:
         assert self._session is not None
         return self._session.local_trial_dir()
 
-    def get_trial_resources(self) -> dict[str, Any]:
+    def get_trial_resources(self) -> TrialResources:
         spec = self._spec()
-        return {**spec.resources, "gpu_ids": list(spec.gpu_ids)}
+        return TrialResources({**spec.resources, "gpu_ids": list(spec.gpu_ids)})
 
     def get_experiment_name(self) -> str:
         return self._spec().experiment_name

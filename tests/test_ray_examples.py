@@ -45,6 +45,7 @@ SCRIPTS = {
     "logging_example": "Best hyperparameters:",
     "custom_checkpointing_with_callback": "Best hyperparameters:",
     "custom_func_checkpointing": "Best checkpoint:",
+    "pb2_example": "Best hyperparameters found were:",
     # the integrations: XGBoost and LightGBM callbacks, MLflow logging
     "xgboost_example": "Best model total accuracy:",
     "lightgbm_example": "Best hyperparameters found were:",
@@ -63,9 +64,14 @@ IMPORT_CHANGE = [
     (re.compile(r"^from ray import tune$"), "import dasktune as tune"),
     (re.compile(r"^import ray$"), "import dasktune as ray"),  # ray.init / ray.shutdown
     (re.compile(r"^from ray\.tune import "), "from dasktune import "),
-    (re.compile(r"^from ray\.tune\.([\w.]+) import "), r"from dasktune.\1 import "),
-    (re.compile(r"^from ray\.air\.integrations\.(\w+) import "),
-     r"from dasktune.air.integrations.\1 import "),
+    # Another of Ray's examples (pb2_example uses pbt_function's trainable): its import-changed
+    # copy, written next to the script, as a user copies both.
+    (re.compile(r"^from ray\.tune\.examples\.(\w+) import "), r"from \1 import "),
+    # Indented too: xgboost_dynamic_resources_example imports under ``if TYPE_CHECKING:``.
+    (re.compile(r"^(\s*)from ray\.tune\.([\w.]+) import "), r"\1from dasktune.\2 import "),
+    # Ray's ray.air.integrations.X (MLflow, W&B, Keras): dasktune.air.integrations.X
+    (re.compile(r"^(\s*)from ray\.air\.integrations\.(\w+) import "),
+     r"\1from dasktune.air.integrations.\2 import "),
 ]
 
 
@@ -103,8 +109,13 @@ def import_change(source: str) -> str:
 
 
 def run_script(name: str, folder: Path) -> subprocess.CompletedProcess[str]:
+    folder = folder / name  # its own folder: the examples it imports are copied next to it
+    folder.mkdir()
     script = folder / f"{name}.py"
-    script.write_text(import_change((EXAMPLES / f"{name}.py").read_text()))
+    source = (EXAMPLES / f"{name}.py").read_text()
+    script.write_text(import_change(source))
+    for other in re.findall(r"^from ray\.tune\.examples\.(\w+) import ", source, re.M):
+        (folder / f"{other}.py").write_text(import_change((EXAMPLES / f"{other}.py").read_text()))
     home = folder / f"{name}-home"  # Ray's default storage path is under ~: keep it here
     home.mkdir()
     # TMPDIR too: scripts that write under tempfile.gettempdir() (the MLflow example's

@@ -48,7 +48,7 @@ def test_exports_and_create_scheduler():
     with pytest.raises(ValueError, match="unknown scheduler 'nope'"):
         create_scheduler("nope")
     with pytest.raises(ValueError, match="not available"):
-        create_scheduler("pb2")
+        create_scheduler("hb_bohb")
     assert isinstance(SimpleContext(), SchedulerContext)
     assert TrialScheduler.CONTINUE == "CONTINUE" and TrialScheduler.NOOP == "NOOP"
 
@@ -58,7 +58,9 @@ def test_exports_and_create_scheduler():
     ("async_hyperband", ["AsyncHyperBandScheduler", "ASHAScheduler"]),
     ("hyperband", ["HyperBandScheduler"]),
     ("median_stopping_rule", ["MedianStoppingRule"]),
-    ("pbt", ["PopulationBasedTraining"]),
+    ("pbt", ["PopulationBasedTraining", "PopulationBasedTrainingReplay"]),
+    ("pb2", ["PB2"]),
+    ("resource_changing_scheduler", ["ResourceChangingScheduler"]),
 ])
 def test_rays_submodule_paths(module, names):
     """``from ray.tune.schedulers.pbt import ...`` translates to ``dasktune.schedulers.pbt``."""

@@ -9,11 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from dasktune.schedulers._async_hyperband import ASHAScheduler, AsyncHyperBandScheduler
-from dasktune.schedulers._base import Exploit, SchedulerContext, TrialScheduler
+from dasktune.schedulers._base import Exploit, Reconfigure, SchedulerContext, TrialScheduler
 from dasktune.schedulers._fifo import FIFOScheduler
 from dasktune.schedulers._hyperband import HyperBandScheduler
 from dasktune.schedulers._median_stopping import MedianStoppingRule
+from dasktune.schedulers._pb2 import PB2
 from dasktune.schedulers._pbt import PopulationBasedTraining
+from dasktune.schedulers._pbt_replay import PopulationBasedTrainingReplay
+from dasktune.schedulers._resource_changing import ResourceChangingScheduler
 
 __all__ = [
     "ASHAScheduler",
@@ -22,7 +25,11 @@ __all__ = [
     "FIFOScheduler",
     "HyperBandScheduler",
     "MedianStoppingRule",
+    "PB2",
     "PopulationBasedTraining",
+    "PopulationBasedTrainingReplay",
+    "Reconfigure",
+    "ResourceChangingScheduler",
     "SchedulerContext",
     "TrialScheduler",
     "create_scheduler",
@@ -37,9 +44,12 @@ SCHEDULER_IMPORT: dict[str, type[TrialScheduler]] = {
     "medianstopping": MedianStoppingRule,
     "hyperband": HyperBandScheduler,
     "pbt": PopulationBasedTraining,
+    "pbt_replay": PopulationBasedTrainingReplay,
+    "pb2": PB2,
+    "resource_changing": ResourceChangingScheduler,
 }
-# Ray's names that dasktune does not provide (BOHB, PB2 and resource changing need more).
-_UNAVAILABLE = ("hb_bohb", "pbt_replay", "pb2", "resource_changing")
+# Ray's names that dasktune does not provide.
+_UNAVAILABLE = ("hb_bohb",)
 
 
 def create_scheduler(scheduler: str, **kwargs: Any) -> TrialScheduler:

@@ -11,6 +11,9 @@ Decisions returned by :meth:`TrialScheduler.on_trial_result`:
   it resumes from that checkpoint when :meth:`~TrialScheduler.choose_trial_to_run` returns it.
 - ``STOP``: the trial is early-stopped (TERMINATED).
 - :class:`Exploit` (PBT): restart the trial with a new config from a donor's checkpoint.
+- :class:`Reconfigure`: pause the trial as for ``PAUSE`` and give it a new config and/or
+  new resources, which its next start (from that checkpoint) runs with (PBT replay,
+  resource changing).
 
 Bookkeeping is keyed by ``trial_id``, never by Trial object: a restored experiment rebuilds its
 trials from JSON, and :meth:`~TrialScheduler.set_state` must still find them. One thread calls
@@ -30,7 +33,7 @@ from dasktune.trial import PAUSED, PENDING
 if TYPE_CHECKING:
     from dasktune.trial import Trial
 
-__all__ = ["Exploit", "SchedulerContext", "TrialScheduler"]
+__all__ = ["Exploit", "Reconfigure", "SchedulerContext", "TrialScheduler"]
 
 
 @runtime_checkable
@@ -57,6 +60,19 @@ class Exploit:
     config: dict[str, Any]
     checkpoint: str
     donor_trial_id: str
+
+
+@dataclass
+class Reconfigure:
+    """Pause the trial (checkpoint, stop, PAUSED) and resume it with these changes.
+
+    ``config``: the trial's new config (None: unchanged). ``resources``: its new request as
+    Dask resource tags, e.g. ``{"CPU": 4.0}`` (None: unchanged); the driver places it again
+    with them, and the trial sees them in ``tune.get_context().get_trial_resources()``.
+    """
+
+    config: dict[str, Any] | None = None
+    resources: dict[str, float] | None = None
 
 
 def check_mode(mode: Any, where: str) -> None:

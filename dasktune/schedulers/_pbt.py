@@ -148,6 +148,11 @@ class PopulationBasedTraining(TrialScheduler):
                 result: dict[str, Any]) -> str | Exploit:
         self._require_metric()
         name = type(self).__name__
+        if result.get("done"):
+            # Its last result (a stop criterion or the trainable ended it): Ray's driver does
+            # not ask the scheduler then, so no exploit is decided (and logged) that the
+            # driver would override with the stop.
+            return self.CONTINUE
         if not self._require_attrs and (self._time_attr not in result
                                         or self._metric not in result):
             return self.CONTINUE
@@ -163,6 +168,7 @@ class PopulationBasedTraining(TrialScheduler):
             return self.CONTINUE
         state.last_score = self._metric_op * float(value) if finite(value) else None
         state.last_train_time = t
+        self._on_perturbation_step(trial, t, state.last_score)
         if not self._synch:
             state.last_perturbation_time = t
             lower, upper = self._quantiles(tune_controller)
@@ -225,16 +231,15 @@ class PopulationBasedTraining(TrialScheduler):
                 f"checkpoints (tune.report(..., checkpoint=...) and "
                 f"CheckpointConfig(checkpoint_frequency=...)) at least every "
                 f"perturbation_interval={self._perturbation_interval} {self._time_attr}")
-        new_config, ops = explore(donor.config, self._hyperparam_mutations,
-                                  self._resample_probability, self._perturbation_factors,
-                                  self._custom_explore_fn, self._rng)
-        self._num_perturbations += 1
         mine, theirs = self._state(trial), self._state(donor)
         # The trial continues from the donor's checkpoint, so its clock restarts at that
         # checkpoint's time. (Ray clones a checkpoint taken at the donor's last
         # perturbation, so it copies that; the donor's newest checkpoint can be later,
         # and the clone would then be "due" again one iteration after it restarts.)
         at = _checkpoint_time(donor, self._time_attr)
+        new_config, ops = self._explore_config(
+            trial, donor, theirs.last_train_time if at is None else at)
+        self._num_perturbations += 1
         # The trial keeps its own (bottom) score until it reports from the donor's state,
         # as in Ray. Taking the donor's score would make a clone waiting to restart look
         # like a top trial, and others would then clone its old checkpoint, over and over.
@@ -251,17 +256,32 @@ class PopulationBasedTraining(TrialScheduler):
         return Exploit(config=new_config, checkpoint=donor.checkpoint,
                        donor_trial_id=donor.trial_id)
 
+    def _on_perturbation_step(self, trial: Trial, t: float, score: float | None) -> None:
+        """``trial`` reached a perturbation point at ``t`` with ``score`` (op * metric, or
+        None when not finite). PBT needs nothing more; PB2 records it for its model."""
+
+    def _explore_config(self, trial: Trial, donor: Trial,
+                        resume_time: float) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``(new config, operations)`` for ``trial``, which continues from ``donor``'s
+        checkpoint at ``resume_time``: the donor's config perturbed or resampled."""
+        return explore(donor.config, self._hyperparam_mutations, self._resample_probability,
+                       self._perturbation_factors, self._custom_explore_fn, self._rng)
+
     def _write_policy(self, ctx: SchedulerContext, trial: Trial, donor: Trial,
                       new_config: dict[str, Any]) -> None:
         """Log an exploit to ``pbt_global.txt`` and the trial's ``pbt_policy_<id>.txt``."""
         storage = getattr(ctx, "storage", None)
         if storage is None:  # simulations and contexts without an experiment folder
             return
+        # The donor's iteration is where the trial goes on from: its checkpoint's (Ray
+        # checkpoints the donor at the result it logs, so there the two are the same).
+        donor_iteration = _checkpoint_time(donor, "training_iteration")
         policy = [
             self._state(trial).orig_tag or trial.experiment_tag,
             self._state(donor).orig_tag or donor.experiment_tag,
             trial.last_result.get("training_iteration", 0),
-            donor.last_result.get("training_iteration", 0),
+            donor.last_result.get("training_iteration", 0) if donor_iteration is None
+            else int(donor_iteration),
             donor.config,
             new_config,
         ]

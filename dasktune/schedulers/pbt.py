@@ -3,5 +3,6 @@
 from __future__ import annotations
 
 from dasktune.schedulers._pbt import PopulationBasedTraining
+from dasktune.schedulers._pbt_replay import PopulationBasedTrainingReplay
 
-__all__ = ["PopulationBasedTraining"]
+__all__ = ["PopulationBasedTraining", "PopulationBasedTrainingReplay"]

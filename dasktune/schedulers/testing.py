@@ -4,7 +4,8 @@
 ``choose_trial_to_run`` to fill free slots, advances every running trial one iteration per
 round, feeds each result to the scheduler and carries out the decision (PAUSE checkpoints and
 frees the slot, STOP terminates, :class:`~dasktune.schedulers.Exploit` restarts from the
-donor's checkpoint with the new config), and terminates what ``trials_to_stop`` returns.
+donor's checkpoint with the new config, :class:`~dasktune.schedulers.Reconfigure` pauses with
+the new config and resources), and terminates what ``trials_to_stop`` returns.
 Any scheduler, including a user's own, can be exercised with it.
 """
 
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dasktune.schedulers._base import Exploit, TrialScheduler
+from dasktune.schedulers._base import Exploit, Reconfigure, TrialScheduler
 from dasktune.trial import ERROR, PAUSED, PENDING, RUNNING, TERMINATED, Trial
 
 __all__ = ["SimpleContext", "SimulatedRun"]
@@ -137,9 +138,12 @@ class SimulatedRun:
             return
         if decision in (TrialScheduler.CONTINUE, TrialScheduler.NOOP, None):
             return
-        if decision == TrialScheduler.PAUSE:
+        if decision == TrialScheduler.PAUSE or isinstance(decision, Reconfigure):
             trial.checkpoint = f"sim/{tid}/checkpoint_{it}"
             trial.set_status(PAUSED)
+            if isinstance(decision, Reconfigure):
+                trial.config = dict(decision.config or trial.config)
+                trial.resources = dict(decision.resources or trial.resources)
         elif decision == TrialScheduler.STOP:
             self._terminate(trial, result, early=True)
         elif isinstance(decision, Exploit):
