@@ -113,7 +113,7 @@ class Attempt:
             error = traceback.format_exc()
         finally:
             _bind(None)
-            session.close()
+            session.close(failed=error is not None)
         return error, keep
 
     def _run_function(self, session: TrialSession) -> None:

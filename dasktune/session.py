@@ -10,6 +10,7 @@ actor's buffer, which the driver drains in batches.
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import shutil
 import socket
@@ -27,6 +28,7 @@ from dasktune.storage import CommitFenced
 if TYPE_CHECKING:
     from dasktune.storage import ExperimentStorage
 
+logger = logging.getLogger(__name__)
 _local = threading.local()
 _sessions: dict[int, TrialSession] = {}
 _sessions_lock = threading.Lock()
@@ -99,6 +101,7 @@ class TrialSession:
         self.local_dir: str | None = None
         self._date_second = -1
         self._date_text = ""
+        self._at_end: list[Callable[[bool], None]] = []
 
     # ------------------------------------------------------------ results
     def fill_auto_fields(self, metrics: dict[str, Any]) -> dict[str, Any]:
@@ -187,7 +190,20 @@ class TrialSession:
             self.local_dir = scratch.mkdtemp(f"dasktune-{self.spec.trial_id}-")
         return self.local_dir
 
-    def close(self) -> None:
+    def at_end(self, fn: Callable[[bool], None]) -> None:
+        """Call ``fn(failed)`` in the trial's thread when this attempt ends."""
+        self._at_end.append(fn)
+
+    def close(self, failed: bool = False) -> None:
+        """End the attempt: the :meth:`at_end` calls (last registered first), then
+        the scratch folder goes."""
+        while self._at_end:
+            fn = self._at_end.pop()
+            try:
+                fn(failed)
+            except Exception:  # noqa: BLE001 - the trial is over: a cleanup only warns
+                logger.warning("a cleanup at the end of trial %s failed",
+                               self.spec.trial_id, exc_info=True)
         if self.local_dir:
             shutil.rmtree(self.local_dir, ignore_errors=True)
 
@@ -255,6 +271,15 @@ def get_checkpoint() -> Checkpoint | None:
     """The checkpoint to resume from (the newest committed one), or None on a fresh start."""
     session = _current("get_checkpoint")
     return session.latest_checkpoint if session is not None else None
+
+
+def at_attempt_end(fn: Callable[[bool], None]) -> None:
+    """Call ``fn(failed)`` in the running trial's thread when its attempt ends (for
+    integrations that open something per trial, e.g. an MLflow run, to close it)."""
+    session = _current("at_attempt_end")
+    if session is None:
+        raise RuntimeError("at_attempt_end() was called outside of a dasktune trial")
+    session.at_end(fn)
 
 
 class TrialResources(dict):

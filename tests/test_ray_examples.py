@@ -46,6 +46,17 @@ SCRIPTS = {
     "custom_checkpointing_with_callback": "Best hyperparameters:",
     "custom_func_checkpointing": "Best checkpoint:",
     "pb2_example": "Best hyperparameters found were:",
+    # the integrations: XGBoost and LightGBM callbacks, MLflow logging
+    "xgboost_example": "Best model total accuracy:",
+    "lightgbm_example": "Best hyperparameters found were:",
+    # prints nothing of its own with --smoke-test: its two experiments' last status lines
+    "mlflow_example": "5 trials (5 TERMINATED)",
+}
+
+# What a script's environment needs beyond HOME: Ray's MLflow example tracks into a
+# folder, which MLflow 3 refuses unless this says the file store is wanted.
+SCRIPT_ENV = {
+    "mlflow_example": {"MLFLOW_ALLOW_FILE_STORE": "true"},
 }
 
 # The import change, and only that: each rule rewrites whole import lines.
@@ -58,6 +69,9 @@ IMPORT_CHANGE = [
     (re.compile(r"^from ray\.tune\.examples\.(\w+) import "), r"from \1 import "),
     # Indented too: xgboost_dynamic_resources_example imports under ``if TYPE_CHECKING:``.
     (re.compile(r"^(\s*)from ray\.tune\.([\w.]+) import "), r"\1from dasktune.\2 import "),
+    # Ray's ray.air.integrations.X (MLflow, W&B, Keras): dasktune.air.integrations.X
+    (re.compile(r"^(\s*)from ray\.air\.integrations\.(\w+) import "),
+     r"\1from dasktune.air.integrations.\2 import "),
 ]
 
 
@@ -104,7 +118,10 @@ def run_script(name: str, folder: Path) -> subprocess.CompletedProcess[str]:
         (folder / f"{other}.py").write_text(import_change((EXAMPLES / f"{other}.py").read_text()))
     home = folder / f"{name}-home"  # Ray's default storage path is under ~: keep it here
     home.mkdir()
-    env = {**os.environ, "HOME": str(home), "PYTHONDONTWRITEBYTECODE": "1"}
+    # TMPDIR too: scripts that write under tempfile.gettempdir() (the MLflow example's
+    # mlruns/) keep it in their own folder.
+    env = {**os.environ, "HOME": str(home), "TMPDIR": str(home),
+           "PYTHONDONTWRITEBYTECODE": "1", **SCRIPT_ENV.get(name, {})}
     env.pop("DASK_SCHEDULER_ADDRESS", None)  # the embedded cluster, as on a laptop
     return subprocess.run([sys.executable, str(script), "--smoke-test"], cwd=folder,
                           env=env, capture_output=True, text=True, timeout=SCRIPT_TIMEOUT)

@@ -1,0 +1,1 @@
+"""Ray's ``ray.air`` path: only ``ray.air.integrations``, for translated imports."""
