@@ -9,7 +9,6 @@ actor's buffer, which the driver drains in batches.
 
 from __future__ import annotations
 
-import datetime
 import os
 import shutil
 import socket
@@ -21,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from dasktune import scratch
 from dasktune.checkpoint import Checkpoint
+from dasktune.layout import checkpoint_index
+from dasktune.result import fill_auto_fields, format_date
 from dasktune.storage import CommitFenced
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ class TrialSession:
         self._start = time.time()
         self._last = time.monotonic()
         self.hostname = socket.gethostname()
-        self.node_ip = _node_ip(worker_address)
+        self.node_ip = node_ip(worker_address)
         self.worker_address = worker_address
         self.pid = os.getpid()
         self.local_dir: str | None = None
@@ -108,16 +109,15 @@ class TrialSession:
         self.iterations_since_restore += 1
         self.time_total += this_iter
         self.time_since_restore += this_iter
-        result = dict(metrics)
         wall = time.time()
-        result.setdefault("done", False)
-        result.update(
+        return fill_auto_fields(
+            metrics,
             training_iteration=self.iteration,
             iterations_since_restore=self.iterations_since_restore,
-            time_this_iter_s=result.get("time_this_iter_s", this_iter),
+            time_this_iter_s=this_iter,
             time_total_s=self.time_total,
             time_since_restore=self.time_since_restore,
-            timestamp=int(wall),
+            timestamp=wall,
             date=self._date(int(wall)),
             trial_id=self.spec.trial_id,
             experiment_tag=self.spec.experiment_tag,
@@ -127,14 +127,12 @@ class TrialSession:
             worker=self.worker_address,
             config=self.spec.config,
         )
-        return result
 
     def _date(self, second: int) -> str:
         """Ray's ``date`` field, formatted once per second (results come faster)."""
         if second != self._date_second:
             self._date_second = second
-            self._date_text = datetime.datetime.fromtimestamp(second).strftime(
-                "%Y-%m-%d_%H-%M-%S")
+            self._date_text = format_date(second)
         return self._date_text
 
     def commit_checkpoint(self, checkpoint: Checkpoint, result: dict[str, Any]) -> str:
@@ -156,7 +154,8 @@ class TrialSession:
                                                       fenced=self._fenced)
             except CommitFenced:
                 raise StopTrial() from None
-        self.checkpoint_index = int(path.rsplit("_", 1)[-1]) + 1
+        index = checkpoint_index(path)
+        self.checkpoint_index = self.checkpoint_index if index is None else index + 1
         self.latest_checkpoint = Checkpoint(path, spec.storage.fs)
         return path
 
@@ -306,7 +305,8 @@ def get_context() -> TrialContext:
     return TrialContext(_current("get_context"))
 
 
-def _node_ip(worker_address: str) -> str:
+def node_ip(worker_address: str = "") -> str:
+    """The IP a trial reports as ``node_ip``: its worker's host, else this host's."""
     if "://" in worker_address:
         host = worker_address.split("://", 1)[1].rsplit(":", 1)[0]
         return host.strip("[]")

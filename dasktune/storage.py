@@ -42,6 +42,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from dasktune import _dask_config
+from dasktune.layout import checkpoint_dir_name, checkpoint_index
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +50,6 @@ MANIFEST = ".dasktune_checkpoint.json"
 STATE_FILE = "experiment_state.json"
 SEARCHER_STATE_FILE = "searcher-state.pkl"
 TUNER_FILE = "tuner.pkl"
-_CKPT_RE = re.compile(r"^checkpoint_(\d{6,})$")
 
 T = TypeVar("T")
 
@@ -564,7 +564,8 @@ class ExperimentStorage:
                           fenced: Callable[[], bool] | None = None) -> str:
         """Upload ``local_dir`` as a new checkpoint of the trial and commit it.
 
-        Returns the checkpoint's path. The name is ``checkpoint_<index>``, or the next
+        Returns the checkpoint's path. The name is :func:`~dasktune.layout.checkpoint_dir_name`
+        of ``index``, or the next
         free index if a crashed writer left that directory behind (never reused).
         ``fenced`` is asked once the files are up, before the manifest: if it says the
         attempt was given up meanwhile, the files are removed and :class:`CommitFenced`
@@ -572,7 +573,7 @@ class ExperimentStorage:
         """
         fs = self.fs
         while True:
-            dest = posixpath.join(trial_path, f"checkpoint_{index:06d}")
+            dest = posixpath.join(trial_path, checkpoint_dir_name(index))
             if not self.exists(dest):
                 break
             index += 1
@@ -660,9 +661,9 @@ class ExperimentStorage:
             return []
         found = []
         for entry in entries:
-            m = _CKPT_RE.match(posixpath.basename(entry.rstrip("/")))
-            if m:
-                found.append((int(m.group(1)), entry.rstrip("/")))
+            index = checkpoint_index(entry)
+            if index is not None:
+                found.append((index, entry.rstrip("/")))
         return [p for _, p in sorted(found)]
 
     def latest_committed_checkpoint(self, trial_path: str) -> str | None:

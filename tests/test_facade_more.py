@@ -381,3 +381,26 @@ def test_checkpoint_folders_the_caller_keeps_are_not_scratch(tmp_path, monkeypat
         assert local.startswith(str(worker_dir))
         assert open(os.path.join(local, "model.txt")).read() == "weights"
     assert not os.listdir(worker_dir)
+
+
+def test_auto_result_keys_name_every_field_dasktune_fills():
+    """One AUTO_RESULT_KEYS: a standalone Trainable.train() result holds the user's metric
+    plus only keys listed there, and fill_auto_fields keeps a step's own timing."""
+    import dasktune as tune
+    from dasktune.result import AUTO_RESULT_KEYS, fill_auto_fields
+
+    class T(tune.Trainable):
+        def step(self):
+            return {"score": 1.0, "time_this_iter_s": 7.0}
+
+    result = T({"a": 1}).train()
+    assert set(result) - set(AUTO_RESULT_KEYS) == {"score"}
+    assert result["time_this_iter_s"] == 7.0 and result["training_iteration"] == 1
+    filled = fill_auto_fields({"x": 1}, training_iteration=2, iterations_since_restore=1,
+                              time_this_iter_s=0.5, time_total_s=1.5, time_since_restore=0.5,
+                              timestamp=1e9, trial_id="t1", pid=1, hostname="h",
+                              node_ip="10.0.0.1", config={}, experiment_tag="1_a=1",
+                              worker="tcp://10.0.0.1:1")
+    assert set(filled) - set(AUTO_RESULT_KEYS) == {"x"}
+    assert filled["done"] is False and filled["time_this_iter_s"] == 0.5
+    assert filled["timestamp"] == 1_000_000_000

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dasktune.layout import checkpoint_dir_name, checkpoint_index
 from dasktune.schedulers._base import Exploit, TrialScheduler
 from dasktune.trial import ERROR, PAUSED, PENDING, RUNNING, TERMINATED, Trial
 
@@ -127,7 +128,7 @@ class SimulatedRun:
         result.update(training_iteration=it, time_total_s=it * self.seconds_per_iter,
                       trial_id=tid)
         if it % self.checkpoint_every == 0:
-            trial.checkpoint = f"sim/{tid}/checkpoint_{it}"
+            trial.checkpoint = f"sim/{tid}/{checkpoint_dir_name(it)}"
         trial.update_last_result(result)
         decision = self.scheduler.on_trial_result(self.ctx, trial, result)
         self.events.append(("result", tid, it, decision))
@@ -138,7 +139,7 @@ class SimulatedRun:
         if decision in (TrialScheduler.CONTINUE, TrialScheduler.NOOP, None):
             return
         if decision == TrialScheduler.PAUSE:
-            trial.checkpoint = f"sim/{tid}/checkpoint_{it}"
+            trial.checkpoint = f"sim/{tid}/{checkpoint_dir_name(it)}"
             trial.set_status(PAUSED)
         elif decision == TrialScheduler.STOP:
             self._terminate(trial, result, early=True)
@@ -178,4 +179,7 @@ class SimulatedRun:
 def _ckpt_iteration(path: str | None) -> int:
     if not path:
         return 0
-    return int(path.rsplit("_", 1)[-1])
+    index = checkpoint_index(path)
+    if index is None:
+        raise ValueError(f"not a checkpoint folder: {path!r}")
+    return index
