@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from dasktune.checkpoint import Checkpoint
 from dasktune.logger import EXPR_PROGRESS_FILE, EXPR_RESULT_FILE, flatten_dict
+from dasktune.metric_mode import check_mode
 from dasktune.result import AUTO_RESULT_KEYS
 from dasktune.trial import ERROR, TERMINATED, Trial
 
@@ -208,8 +209,7 @@ class ResultGrid:
             raise ValueError(
                 "get_best_result needs a metric and a mode: pass them here or in TuneConfig"
             )
-        if mode not in ("min", "max"):
-            raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+        check_mode(mode, "get_best_result", allow_none=False)
         return metric, mode
 
     # -------------------------------------------------------------- frames

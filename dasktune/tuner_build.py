@@ -122,11 +122,13 @@ def make_scheduler(tc: TuneConfig) -> TrialScheduler:
     metric = tc.metric if not isinstance(tc.metric, list) else None
     mode = tc.mode if not isinstance(tc.mode, list) else None
     if not sched.set_search_properties(metric, mode):
+        # Ray's rule and words (tune.run): set in one place, even when the two agree.
         raise ValueError(
-            f"the scheduler {type(sched).__name__} has metric/mode "
-            f"({getattr(sched, 'metric', None) or getattr(sched, '_metric', None)!r}, "
-            f"{getattr(sched, 'mode', None) or getattr(sched, '_mode', None)!r}) that disagree "
-            f"with TuneConfig(metric={tc.metric!r}, mode={tc.mode!r}); set them in one place"
+            f"You passed a `metric` or `mode` argument to `TuneConfig` (metric={tc.metric!r}, "
+            f"mode={tc.mode!r}), but the scheduler you are using ({type(sched).__name__}) was "
+            f"already instantiated with its own `metric` and `mode` parameters "
+            f"(metric={sched.metric!r}, mode={sched.mode!r}). Either remove the arguments from "
+            "your scheduler or from `TuneConfig`."
         )
     return sched
 

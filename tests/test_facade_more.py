@@ -404,3 +404,48 @@ def test_auto_result_keys_name_every_field_dasktune_fills():
     assert set(filled) - set(AUTO_RESULT_KEYS) == {"x"}
     assert filled["done"] is False and filled["time_this_iter_s"] == 0.5
     assert filled["timestamp"] == 1_000_000_000
+
+
+# ------------------------------------------------------------------ metric/mode in one place
+def test_metric_on_scheduler_and_in_tune_config_is_refused_before_any_trial(tmp_path):
+    """Ray 2.60 (tune.run): a scheduler built with a metric or mode, and TuneConfig naming
+    one too, is a ValueError, even when they agree; nothing runs, nothing is written."""
+    from dasktune.schedulers import ASHAScheduler
+
+    ran = []
+
+    def trainable(config):
+        ran.append(1)
+        tune.report({"loss": 1.0})
+
+    for tc in (dict(metric="loss", mode="min"), dict(metric="loss"), dict(mode="min")):
+        with pytest.raises(ValueError, match=r"AsyncHyperBandScheduler.*already instantiated "
+                                             r"with its own `metric` and `mode`"):
+            fit(trainable, str(tmp_path), tc=dict(tc, scheduler=ASHAScheduler(
+                metric="loss", mode="min")))
+    assert ran == [] and not os.path.exists(tmp_path / "exp")
+    # One place only is fine: on the scheduler, or in TuneConfig.
+    from dasktune.tuner_build import make_scheduler
+
+    sched = make_scheduler(tune.TuneConfig(scheduler=ASHAScheduler(metric="loss", mode="min")))
+    assert (sched.metric, sched.mode) == ("loss", "min")
+    sched = make_scheduler(tune.TuneConfig(metric="loss", mode="min", scheduler=ASHAScheduler()))
+    assert (sched.metric, sched.mode) == ("loss", "min")
+
+
+def test_searcher_metric_may_repeat_tune_config_but_not_contradict_it():
+    """Ray's own optuna_define_by_run_example sets the same metric on OptunaSearch and in
+    TuneConfig: accepted. A different one is refused (Ray would silently keep one)."""
+    pytest.importorskip("optuna")
+    from dasktune.search.optuna import OptunaSearch
+    from dasktune.tuner_build import make_search_alg
+
+    space = {"x": tune.uniform(0, 1)}
+    same = tune.TuneConfig(metric="loss", mode="min",
+                           search_alg=OptunaSearch(metric="loss", mode="min"))
+    assert make_search_alg(same, space, "abcdef01").searcher.metric == "loss"
+    other = tune.TuneConfig(metric="acc", mode="min",
+                            search_alg=OptunaSearch(metric="loss", mode="min"))
+    with pytest.raises(ValueError, match=r"contradicts the searcher's own metric='loss', "
+                                         r"mode='min' \(OptunaSearch\)"):
+        make_search_alg(other, space, "abcdef01")
