@@ -209,7 +209,9 @@ def stop_dict_hit(stop: dict[str, Any] | None, result: dict[str, Any]) -> bool:
 
 
 # ---------------------------------------------------------------------- binding
-def _bind(session: TrialSession | None) -> None:
+def bind_session(session: TrialSession | None) -> None:
+    """Make ``session`` the calling thread's trial (None: no trial), where ``tune.report``
+    and ``get_context`` find it; the attempt runner calls it around a trainable."""
     _local.session = session
     with _sessions_lock:
         if session is None:
@@ -314,3 +316,7 @@ def node_ip(worker_address: str = "") -> str:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
         return "127.0.0.1"
+
+
+# The old private name, until actor.py and isolation.py import bind_session (then delete).
+_bind = bind_session

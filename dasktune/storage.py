@@ -532,7 +532,7 @@ class ExperimentStorage:
         retry(_write, self.uri_of(path))
 
     def write_json(self, path: str, obj: Any, durable: bool = False) -> None:
-        self.write_bytes(path, json.dumps(obj, default=_json_default, separators=(",", ":"))
+        self.write_bytes(path, json.dumps(obj, default=json_default, separators=(",", ":"))
                          .encode(), durable=durable)
 
     def read_bytes(self, path: str) -> bytes:
@@ -609,7 +609,7 @@ class ExperimentStorage:
         manifest = {"files": files, "committed_at": time.time(), **metadata,
                     "checkpoint_index": index}
         self.write_bytes(posixpath.join(dest, MANIFEST),
-                         json.dumps(manifest, default=_json_default).encode())
+                         json.dumps(manifest, default=json_default).encode())
         return dest
 
     def read_manifest(self, checkpoint_path: str) -> dict[str, Any] | None:
@@ -900,7 +900,9 @@ class AppendFile:
             logger.error("could not write %s: %s", self.path, exc)
 
 
-def _json_default(obj: Any) -> Any:
+def json_default(obj: Any) -> Any:
+    """``json.dumps(default=...)`` for results and state: numpy scalars and arrays as
+    numbers and lists, sets and tuples as lists, anything else as its repr."""
     try:
         import numpy as np
 
@@ -913,3 +915,7 @@ def _json_default(obj: Any) -> Any:
     if isinstance(obj, (set, tuple)):
         return list(obj)
     return repr(obj)
+
+
+# The old private name, until experiment.py imports json_default (then delete this).
+_json_default = json_default
