@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import datetime
 import math
-import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from numbers import Real
 from typing import TYPE_CHECKING, Any, Literal
 
+from dasktune import _dask_config
 from dasktune.metric_mode import check_metric_mode, check_mode
 
 if TYPE_CHECKING:
@@ -240,7 +240,8 @@ class PlacementGroupFactory(Mapping[str, float]):
 class RunConfig:
     """Where results go and when trials stop (Ray's ``tune.RunConfig``).
 
-    ``storage_path`` is any fsspec URL or local path (default ``~/dasktune_results``);
+    ``storage_path`` is any fsspec URL or local path (default: the ``dasktune.storage-path``
+    setting of ``dask.config``, ``~/dasktune_results`` as shipped);
     ``storage_filesystem`` an ``fsspec`` filesystem to use for it, or ``storage_options``
     the keyword arguments to build one (e.g. an S3 ``endpoint_url``).
     ``progress_reporter``: a ``tune.CLIReporter`` / ``tune.JupyterNotebookReporter`` (or
@@ -294,6 +295,6 @@ class RunConfig:
 
     @property
     def resolved_storage_path(self) -> str:
-        path = self.storage_path or os.environ.get("DASKTUNE_RESULTS_DIR") or "~/dasktune_results"
-        return path
+        """``storage_path``, else the ``dasktune.storage-path`` setting (dasktune.yaml)."""
+        return str(self.storage_path or _dask_config.get("storage-path"))
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
+from dasktune import _dask_config
 from dasktune.trainable import unwrap
 
 if TYPE_CHECKING:
@@ -140,8 +141,8 @@ def make_callbacks(rc: RunConfig, client: Any, storage: ExperimentStorage, name:
     from dasktune.logger import DEFAULT_LOGGERS
 
     callbacks = list(rc.callbacks or [])
-    # Ray's switch for the default JSON/CSV/TensorBoard loggers.
-    if os.environ.get("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "0") != "1":
+    # The default JSON/CSV/TensorBoard loggers (Ray's TUNE_DISABLE_AUTO_CALLBACK_LOGGERS).
+    if _dask_config.get("default-loggers"):
         for cls in DEFAULT_LOGGERS:
             if not any(isinstance(cb, cls) for cb in callbacks):
                 callbacks.append(cls())
@@ -185,7 +186,6 @@ def ship_by_value(trainable: Any) -> None:
     ships a working dir for that); pickling it by value makes it run unchanged.
     Installed packages keep being imported by name.
     """
-    import os
     import site
     import sys
     import sysconfig
