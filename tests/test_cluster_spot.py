@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from distributed import Client, Scheduler, Worker
 
-from dasktune.cluster.spot import SpotInterruptionPlugin, read_notice, notice_url
+from dasktune.cluster.spot import SpotInterruptionPlugin, notice_url, read_notice
 
 
 class _Metadata:

@@ -553,7 +553,7 @@ def test_large_s3_checkpoint_streams_with_bounded_memory(moto_s3_process, tmp_pa
     out = tmp_path / "out"
     with PeakRss() as restore:
         Checkpoint(path, store.fs).to_directory(str(out))
-    fetched = tmp_path / "fetched"  # the store's own download: parallel ranged GETs
+    fetched = tmp_path / "fetched"  # the store's own download
     with dask.config.set({"dasktune.storage.transfer.s3-part-size": part_mib * MiB}):
         with PeakRss() as download:
             store.download(path, str(fetched))
