@@ -15,6 +15,14 @@ no one else's allocations count as ours. Timings then alternate dasktune and raw
 
     python benchmarks/storage.py            # full sizes
     python benchmarks/storage.py --small    # 1 MiB x 20 and 16 MiB x 2
+
+``--s3-paths`` compares, on S3 only, the two ways dasktune could move checkpoint files:
+its own requests (``put_files``/``get_files``, which drive s3fs's ``_call_s3``) and
+s3fs's public ``put``/``get`` with the same bounds (:func:`dasktune.storage.transfer_kwargs`:
+``batch_size`` files, ``chunksize`` parts, ``max_concurrency``). Each path runs in a
+fresh process (memory first, then the best of ``--reps`` timings):
+
+    python benchmarks/storage.py --s3-paths --small
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import psutil
 
@@ -182,6 +191,60 @@ def bench_shape(name: str, storage: ExperimentStorage, n: int, size: int, work: 
                 rss_restore.peak_abs / MiB)]
 
 
+def bench_paths(storage: ExperimentStorage, n: int, size: int, work: str, reps: int,
+                path: str) -> list[dict[str, float | str]]:
+    """Upload and download one shape through ``path`` ("dasktune": put_files/get_files,
+    or "public": s3fs's fs.put/fs.get with transfer_kwargs); RSS growth, then best time."""
+    from dasktune.storage import get_files, put_files, transfer_kwargs
+
+    fs = storage.fs
+    src = make_files(work, n, size)
+    names = sorted(os.listdir(src))
+    lpaths = [os.path.join(src, x) for x in names]
+    rdir = storage.trial_path(f"paths_{n}x{size}")
+    rpaths = [f"{rdir}/{x}" for x in names]
+    out = os.path.join(work, "out")
+    lout = [os.path.join(out, x) for x in names]
+    if path == "dasktune":
+        def up() -> None:
+            put_files(fs, lpaths, rpaths)
+
+        def down() -> None:
+            get_files(fs, rpaths, lout)
+    else:
+        def up() -> None:
+            fs.put(lpaths, rpaths, **transfer_kwargs(fs, "put"))
+
+        def down() -> None:
+            fs.get(rpaths, lout, **transfer_kwargs(fs, "get"))
+
+    def wipe() -> None:
+        shutil.rmtree(out, ignore_errors=True)
+        os.makedirs(out)
+
+    with PeakRss() as rss_up:
+        up()
+    wipe()
+    with PeakRss() as rss_down:
+        down()
+    assert sorted(os.path.getsize(p) for p in lout) == [size] * n
+    t_up = t_down = float("inf")
+    for _ in range(reps):
+        storage.delete(rdir)
+        t0 = time.perf_counter()
+        up()
+        t_up = min(t_up, time.perf_counter() - t0)
+        wipe()
+        t0 = time.perf_counter()
+        down()
+        t_down = min(t_down, time.perf_counter() - t0)
+    storage.delete(rdir)
+    mib = n * size / MiB
+    shape = f"{size // MiB} MiB x {n}"
+    return [{"shape": shape, "path": path, "op": op, "mib_s": mib / t, "peak_rss_mib": r / MiB}
+            for op, t, r in (("upload", t_up, rss_up.peak), ("download", t_down, rss_down.peak))]
+
+
 def make_storage(target: str, endpoint: str | None, work: str) -> ExperimentStorage:
     if target == "local":
         return ExperimentStorage(os.path.join(work, "results"), "bench")
@@ -193,8 +256,10 @@ def make_storage(target: str, endpoint: str | None, work: str) -> ExperimentStor
     return ExperimentStorage(f"s3://{bucket}/runs", "bench", filesystem=fs)
 
 
-def run_one(target: str, n: int, size: int, endpoint: str | None, reps: int) -> list[Row]:
-    """One target and shape, in this (fresh) process."""
+def run_one(target: str, n: int, size: int, endpoint: str | None, reps: int,
+            path: str | None = None) -> list[Any]:
+    """One target and shape (and, with ``path``, one S3 transfer path), in this (fresh)
+    process."""
     work = tempfile.mkdtemp(prefix="dasktune-bench-")
     try:
         storage = make_storage(target, endpoint, work)
@@ -204,6 +269,8 @@ def run_one(target: str, n: int, size: int, endpoint: str | None, reps: int) -> 
         Checkpoint(storage.trial_path("warmup/checkpoint_000000"), storage.fs).to_directory(
             warm + "-out")
         storage.delete(storage.trial_path("warmup"))
+        if path is not None:
+            return bench_paths(storage, n, size, work, reps, path)
         return bench_shape("s3-moto" if target == "s3" else target, storage, n, size, work,
                            reps)
     finally:
@@ -215,17 +282,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--small", action="store_true", help="1 MiB x 20 and 16 MiB x 2")
     parser.add_argument("--reps", type=int, default=3, help="repetitions (best is kept)")
     parser.add_argument("--targets", default="local,s3", help="comma-separated: local,s3")
-    parser.add_argument("--one", help=argparse.SUPPRESS)  # child: "target:n:size"
+    parser.add_argument("--s3-paths", action="store_true",
+                        help="S3 only: dasktune's own requests vs s3fs's public put/get")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # child: "target:n:size[:path]"
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
     if args.one:
-        target, n, size = args.one.split(":")
-        rows = run_one(target, int(n), int(size), args.endpoint, args.reps)
-        print(json.dumps([r.__dict__ for r in rows]))
+        target, n, size, *path = args.one.split(":")
+        rows = run_one(target, int(n), int(size), args.endpoint, args.reps,
+                       path[0] if path else None)
+        print(json.dumps([r if isinstance(r, dict) else r.__dict__ for r in rows]))
         return
     shapes = [(20, MiB), (2, 16 * MiB)] if args.small else [(100, MiB), (2, 256 * MiB)]
+    if args.s3_paths:
+        compare_s3_paths(shapes, args.reps)
+        return
     targets = args.targets.split(",")
     for t in targets:
         if t not in ("local", "s3"):
@@ -248,6 +321,26 @@ def main(argv: list[str] | None = None) -> None:
     for r in rows:
         print(f"{r.target:<8} {r.shape:<13} {r.op:<8} {r.mib / r.dasktune_s:>14.1f} "
               f"{r.mib / r.raw_s:>10.1f} {r.ratio:>6.2f} {r.peak_rss_mib:>14.1f} {r.rss_mib:>13.0f}")
+
+
+def compare_s3_paths(shapes: list[tuple[int, int]], reps: int) -> None:
+    """Each shape through each S3 path, each in a fresh process; one table."""
+    moto, endpoint = start_moto()
+    rows: list[dict[str, Any]] = []
+    try:
+        for n, size in shapes:
+            for path in ("dasktune", "public"):
+                cmd = [sys.executable, __file__, "--one", f"s3:{n}:{size}:{path}",
+                       "--reps", str(reps), "--endpoint", endpoint]
+                out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+                rows += json.loads(out.strip().splitlines()[-1])
+    finally:
+        moto.kill()
+        moto.wait()
+    print(f"{'checkpoint':<13} {'op':<9} {'path':<9} {'MiB/s':>8} {'peak RSS +MiB':>14}")
+    for r in rows:
+        print(f"{r['shape']:<13} {r['op']:<9} {r['path']:<9} {r['mib_s']:>8.1f} "
+              f"{r['peak_rss_mib']:>14.1f}")
 
 
 if __name__ == "__main__":

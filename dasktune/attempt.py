@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from dasktune import scratch
 from dasktune.checkpoint import Checkpoint
 from dasktune.result import SHOULD_CHECKPOINT
-from dasktune.session import StopTrial, TrialSession, _bind
+from dasktune.session import StopTrial, TrialSession, bind_session
 from dasktune.trainable import is_class_trainable
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ class Attempt:
         is offered to this one through ``reset_config``."""
         session = TrialSession(self.spec, self.emit, self.should_stop, worker_address,
                                fenced=self.fenced.is_set)
-        _bind(session)
+        bind_session(session)
         error, keep = None, None
         try:
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(self.spec.gpu_ids)
@@ -112,7 +112,7 @@ class Attempt:
         except BaseException:  # noqa: BLE001 - the trial's error, reported to the driver
             error = traceback.format_exc()
         finally:
-            _bind(None)
+            bind_session(None)
             session.close(failed=error is not None)
         return error, keep
 

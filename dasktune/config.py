@@ -9,24 +9,19 @@ from __future__ import annotations
 
 import datetime
 import math
-import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from numbers import Real
 from typing import TYPE_CHECKING, Any, Literal
 
+from dasktune import _dask_config
+from dasktune.metric_mode import check_metric_mode, check_mode
+
 if TYPE_CHECKING:
     from dasktune.callback import Callback
     from dasktune.schedulers import TrialScheduler
     from dasktune.search import SearchAlgorithm, Searcher
-
-
-def _check_mode(mode: Any, where: str) -> None:
-    modes = mode if isinstance(mode, (list, tuple)) else [mode]
-    for m in modes:
-        if m not in (None, "min", "max"):
-            raise ValueError(f"{where}: mode must be 'min' or 'max', got {m!r}")
 
 
 @dataclass
@@ -46,13 +41,10 @@ class TuneConfig:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        _check_mode(self.mode, "TuneConfig")
         # Ray allows mode without metric (a scheduler or searcher may carry the metric).
-        if isinstance(self.metric, (list, tuple)) != isinstance(self.mode, (list, tuple)):
-            if self.mode is not None and self.metric is not None:
-                raise ValueError("TuneConfig: metric and mode must both be lists or both strings")
-        if isinstance(self.metric, (list, tuple)) and len(self.metric) != len(self.mode or []):
-            raise ValueError("TuneConfig: metric and mode lists differ in length")
+        check_metric_mode(self.metric, self.mode, "TuneConfig")
+        if isinstance(self.metric, (list, tuple)) and self.mode is None:
+            raise ValueError("TuneConfig: a list of metrics needs a list of modes")
         if not isinstance(self.num_samples, int) or isinstance(self.num_samples, bool):
             raise TypeError(f"TuneConfig: num_samples must be an int, got {self.num_samples!r}")
         if self.num_samples == -1:
@@ -86,11 +78,8 @@ class CheckpointConfig:
             raise ValueError(
                 f"CheckpointConfig: num_to_keep must be None or >= 1, got {self.num_to_keep}"
             )
-        if self.checkpoint_score_order not in ("min", "max"):
-            raise ValueError(
-                "CheckpointConfig: checkpoint_score_order must be 'min' or 'max', "
-                f"got {self.checkpoint_score_order!r}"
-            )
+        check_mode(self.checkpoint_score_order, "CheckpointConfig", allow_none=False,
+                   name="checkpoint_score_order")
         if self.checkpoint_frequency < 0:
             raise ValueError("CheckpointConfig: checkpoint_frequency must be >= 0")
 
@@ -251,7 +240,8 @@ class PlacementGroupFactory(Mapping[str, float]):
 class RunConfig:
     """Where results go and when trials stop (Ray's ``tune.RunConfig``).
 
-    ``storage_path`` is any fsspec URL or local path (default ``~/dasktune_results``);
+    ``storage_path`` is any fsspec URL or local path (default: the ``dasktune.storage-path``
+    setting of ``dask.config``, ``~/dasktune_results`` as shipped);
     ``storage_filesystem`` an ``fsspec`` filesystem to use for it, or ``storage_options``
     the keyword arguments to build one (e.g. an S3 ``endpoint_url``).
     ``progress_reporter``: a ``tune.CLIReporter`` / ``tune.JupyterNotebookReporter`` (or
@@ -305,7 +295,6 @@ class RunConfig:
 
     @property
     def resolved_storage_path(self) -> str:
-        """``storage_path``, else ``$DASKTUNE_RESULTS_DIR``, else ``~/dasktune_results``."""
-        path = self.storage_path or os.environ.get("DASKTUNE_RESULTS_DIR") or "~/dasktune_results"
-        return path
+        """``storage_path``, else the ``dasktune.storage-path`` setting (dasktune.yaml)."""
+        return str(self.storage_path or _dask_config.get("storage-path"))
 

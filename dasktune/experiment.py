@@ -161,9 +161,9 @@ _PLACEMENT_KEY = operator.attrgetter("end", "host", "outcome")
 
 
 def _dumps(obj: Any) -> str:
-    from dasktune.storage import _json_default
+    from dasktune.storage import json_default
 
-    return json.dumps(obj, default=_json_default, separators=(",", ":"))
+    return json.dumps(obj, default=json_default, separators=(",", ":"))
 
 
 def _replace(rc: RunConfig, **changes: Any) -> RunConfig:
@@ -334,11 +334,11 @@ def _append_result(storage: ExperimentStorage, trial: Trial, result: dict[str, A
     import json
 
     from dasktune.logger import EXPR_RESULT_FILE
-    from dasktune.storage import _json_default
+    from dasktune.storage import json_default
 
     fh = storage.open_append(f"{trial.path}/{EXPR_RESULT_FILE}")
     try:
-        fh.write(json.dumps(dict(result, config=trial.config), default=_json_default)
+        fh.write(json.dumps(dict(result, config=trial.config), default=json_default)
                  .encode() + b"\n")
     finally:
         fh.close(final=True)  # a spool that cannot be uploaded stays on disk, named in the log

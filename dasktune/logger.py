@@ -24,7 +24,7 @@ import cloudpickle
 
 from dasktune import _dask_config, _tfevents
 from dasktune.callback import Callback
-from dasktune.storage import AppendFile, StorageError, _json_default
+from dasktune.storage import AppendFile, StorageError, json_default
 
 if TYPE_CHECKING:
     from dasktune.storage import ExperimentStorage
@@ -195,7 +195,7 @@ class JsonLoggerCallback(_PerTrialFiles):
     def log_trial_start(self, trial: Trial) -> None:
         assert self.storage is not None and trial.path
         self._unwritten[f"{trial.path}/{EXPR_PARAM_FILE}"] = json.dumps(
-            trial.config, indent=2, sort_keys=True, default=_json_default).encode()
+            trial.config, indent=2, sort_keys=True, default=json_default).encode()
         try:
             data = cloudpickle.dumps(trial.config)  # as Ray: lambdas and classes too
         except Exception:  # noqa: BLE001 - a config with unpicklable values keeps params.json
@@ -251,7 +251,7 @@ class JsonLoggerCallback(_PerTrialFiles):
 
 
 # One encoder for every line: json.dumps(default=...) builds a new one per call.
-_ENCODER = json.JSONEncoder(default=_json_default, allow_nan=True)
+_ENCODER = json.JSONEncoder(default=json_default, allow_nan=True)
 
 
 def flatten_dict(d: dict[str, Any], prefix: str = "", delimiter: str = "/") -> dict[str, Any]:

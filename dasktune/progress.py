@@ -54,7 +54,7 @@ class ProgressReporter:
         self._last = float("-inf")  # the first call reports, however young the clock
         self._start = time.monotonic()
         # In a Jupyter kernel the table is one output that updates in place.
-        self._display: Any = _jupyter_display() if out is None else None
+        self._display: Any = jupyter_display() if out is None else None
 
     total: int | None = None
 
@@ -68,7 +68,7 @@ class ProgressReporter:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.out = sys.stdout
-        self._display = _jupyter_display()
+        self._display = jupyter_display()
 
     def _emit(self, text: str) -> None:
         if self._display is not None:
@@ -256,7 +256,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
-def _jupyter_display() -> bool | None:
+def jupyter_display() -> bool | None:
     """True inside a Jupyter (ipykernel) session, whose outputs can update in place."""
     if "ipykernel" not in sys.modules:
         return None

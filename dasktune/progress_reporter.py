@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dasktune import progress
+from dasktune.metric_mode import check_mode
 
 if TYPE_CHECKING:
     from dasktune.trial import Trial
@@ -100,8 +101,7 @@ class CLIReporter(ProgressReporter):
         mode: str | None = None,
         sort_by_metric: bool = False,
     ) -> None:
-        if mode not in (None, "min", "max"):
-            raise ValueError(f"{type(self).__name__}: mode must be 'min' or 'max', got {mode!r}")
+        check_mode(mode, type(self).__name__)
         if isinstance(max_progress_rows, bool) or not isinstance(max_progress_rows, int) \
                 or max_progress_rows < 1:
             raise ValueError(f"{type(self).__name__}: max_progress_rows must be an int >= 1, "
@@ -203,7 +203,7 @@ class JupyterNotebookReporter(CLIReporter):
         super().__init__(**kwargs)
 
     def _display_target(self) -> Any:
-        return progress._jupyter_display()
+        return progress.jupyter_display()
 
     def report(self, trials: list[Trial], done: bool, *sys_info: str) -> None:
         if not self.overwrite and self._table._display is not None:

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from dasktune.checkpoint import Checkpoint
 from dasktune.logger import EXPR_PROGRESS_FILE, EXPR_RESULT_FILE, flatten_dict
-from dasktune.result import reported_keys
+from dasktune.metric_mode import check_mode
+from dasktune.result import AUTO_RESULT_KEYS, reported_keys
 from dasktune.trial import ERROR, TERMINATED, Trial
 from dasktune.trial_notices import last_error_line
 
@@ -68,16 +69,11 @@ class Result:
     def __repr__(self) -> str:
         keys = ("training_iteration", "trial_id")
         shown = {k: v for k, v in (self.metrics or {}).items()
-                 if k in keys or k not in _AUTO and not isinstance(v, dict)}
+                 if k in keys or k not in AUTO_RESULT_KEYS and not isinstance(v, dict)}
         return (f"Result(metrics={shown}, path={self.path!r}, "
                 f"checkpoint={self.checkpoint!r}, error={type(self.error).__name__ if self.error else None})")
 
 
-_AUTO = {"time_this_iter_s", "time_total_s", "time_since_restore", "timestamp", "date", "done",
-         "pid", "hostname", "node_ip", "worker", "config", "iterations_since_restore",
-         "experiment_tag", "checkpoint_dir_name"}
-# Every key dasktune fills in itself: a result with nothing else carries no user metric.
-AUTO_RESULT_KEYS = frozenset(_AUTO | {"training_iteration", "trial_id", "experiment_id"})
 
 
 def _read_progress(fs: fsspec.AbstractFileSystem | None, path: str) -> pd.DataFrame | None:
@@ -222,8 +218,7 @@ class ResultGrid:
             raise ValueError(
                 "get_best_result needs a metric and a mode: pass them here or in TuneConfig"
             )
-        if mode not in ("min", "max"):
-            raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+        check_mode(mode, "get_best_result", allow_none=False)
         return metric, mode
 
     # -------------------------------------------------------------- frames

@@ -9,7 +9,6 @@ actor's buffer, which the driver drains in batches.
 
 from __future__ import annotations
 
-import datetime
 import logging
 import os
 import shutil
@@ -22,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from dasktune import scratch
 from dasktune.checkpoint import Checkpoint
-from dasktune.result import reported_keys
+from dasktune.layout import checkpoint_index
+from dasktune.result import fill_auto_fields, format_date, reported_keys
 from dasktune.storage import CommitFenced
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ class TrialSession:
         self._start = time.time()
         self._last = time.monotonic()
         self.hostname = socket.gethostname()
-        self.node_ip = _node_ip(worker_address)
+        self.node_ip = node_ip(worker_address)
         self.worker_address = worker_address
         self.pid = os.getpid()
         self.local_dir: str | None = None
@@ -112,16 +112,15 @@ class TrialSession:
         self.iterations_since_restore += 1
         self.time_total += this_iter
         self.time_since_restore += this_iter
-        result = dict(metrics)
         wall = time.time()
-        result.setdefault("done", False)
-        result.update(
+        return fill_auto_fields(
+            metrics,
             training_iteration=self.iteration,
             iterations_since_restore=self.iterations_since_restore,
-            time_this_iter_s=result.get("time_this_iter_s", this_iter),
+            time_this_iter_s=this_iter,
             time_total_s=self.time_total,
             time_since_restore=self.time_since_restore,
-            timestamp=int(wall),
+            timestamp=wall,
             date=self._date(int(wall)),
             trial_id=self.spec.trial_id,
             experiment_tag=self.spec.experiment_tag,
@@ -131,14 +130,12 @@ class TrialSession:
             worker=self.worker_address,
             config=self.spec.config,
         )
-        return result
 
     def _date(self, second: int) -> str:
         """Ray's ``date`` field, formatted once per second (results come faster)."""
         if second != self._date_second:
             self._date_second = second
-            self._date_text = datetime.datetime.fromtimestamp(second).strftime(
-                "%Y-%m-%d_%H-%M-%S")
+            self._date_text = format_date(second)
         return self._date_text
 
     def commit_checkpoint(self, checkpoint: Checkpoint, result: dict[str, Any]) -> str:
@@ -160,7 +157,8 @@ class TrialSession:
                                                       fenced=self._fenced)
             except CommitFenced:
                 raise StopTrial() from None
-        self.checkpoint_index = int(path.rsplit("_", 1)[-1]) + 1
+        index = checkpoint_index(path)
+        self.checkpoint_index = self.checkpoint_index if index is None else index + 1
         self.latest_checkpoint = Checkpoint(path, spec.storage.fs)
         return path
 
@@ -227,7 +225,9 @@ def stop_dict_hit(stop: dict[str, Any] | None, result: dict[str, Any]) -> bool:
 
 
 # ---------------------------------------------------------------------- binding
-def _bind(session: TrialSession | None) -> None:
+def bind_session(session: TrialSession | None) -> None:
+    """Make ``session`` the calling thread's trial (None: no trial), where ``tune.report``
+    and ``get_context`` find it; the attempt runner calls it around a trainable."""
     _local.session = session
     with _sessions_lock:
         if session is None:
@@ -349,7 +349,8 @@ def get_context() -> TrialContext:
     return TrialContext(_current("get_context"))
 
 
-def _node_ip(worker_address: str) -> str:
+def node_ip(worker_address: str = "") -> str:
+    """The IP a trial reports as ``node_ip``: its worker's host, else this host's."""
     if "://" in worker_address:
         host = worker_address.split("://", 1)[1].rsplit(":", 1)[0]
         return host.strip("[]")

@@ -1,4 +1,4 @@
-"""Search-space domains, sampling, grid expansion and translation to Optuna distributions.
+"""Search-space domains, sampling and grid expansion.
 
 The user-facing functions (``uniform``, ``choice``, ``grid_search``, ``sample_from``...) follow
 Ray Tune's names and semantics. A *param space* is a nested structure of dicts and lists whose
@@ -10,11 +10,10 @@ The helpers the search algorithms use:
 
 - :func:`grid_variants` expands every ``grid_search`` (nested ones too) in Ray's order;
 - :func:`resolve` samples one config from a grid-free space, ``sample_from`` last;
-- :func:`format_vars` makes Ray's experiment-tag suffix (``lr=0.0012,layers=2``);
-- :func:`to_optuna_distributions` translates a space for :mod:`optuna`.
+- :func:`format_vars` makes Ray's experiment-tag suffix (``lr=0.0012,layers=2``).
 
-numpy is the only import at module level; optuna is imported inside
-:func:`to_optuna_distributions` so that importing :mod:`dasktune.space` stays light.
+The translation for Optuna lives with its searcher, in :mod:`dasktune.search.optuna_space`.
+numpy is the only third-party import.
 """
 
 from __future__ import annotations
@@ -24,14 +23,10 @@ import inspect
 import itertools
 import math
 import re
-import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from optuna.distributions import BaseDistribution
 
 __all__ = [
     "SEP",
@@ -56,7 +51,6 @@ __all__ = [
     "leaves",
     "lograndint",
     "loguniform",
-    "optuna_plan",
     "path_str",
     "qlograndint",
     "qloguniform",
@@ -69,7 +63,6 @@ __all__ = [
     "restore_tuples",
     "sample_domains",
     "sample_from",
-    "to_optuna_distributions",
     "unflatten",
     "uniform",
     "validate_param_space",
@@ -303,15 +296,17 @@ class Integer(_Numeric):
                 raise ValueError(f"integer quantization q must be an int, got {self.q!r}")
             if self.q <= 0:
                 raise ValueError(f"quantization q must be > 0, got {self.q!r}")
-            if self._q_low() > self._q_high():
+            if self.q_low() > self.q_high():
                 raise ValueError(
                     f"no multiple of q={self.q} between {self.lower} and {self.upper}"
                 )
 
-    def _q_low(self) -> int:
+    def q_low(self) -> int:
+        """The smallest multiple of ``q`` a quantized domain draws."""
         return -(-self.lower // self.q) * self.q
 
-    def _q_high(self) -> int:
+    def q_high(self) -> int:
+        """The largest multiple of ``q`` a quantized domain draws."""
         return (self.upper // self.q) * self.q
 
     def _draw(self, rng: np.random.Generator, spec: Any = None) -> int:
@@ -320,17 +315,17 @@ class Integer(_Numeric):
             value = self._log_uniform(rng, self.lower, self.upper)
             if q is None:
                 return int(min(math.floor(value), self.upper - 1))
-            return int(min(max(round(value / q) * q, self._q_low()), self._q_high()))
+            return int(min(max(round(value / q) * q, self.q_low()), self.q_high()))
         if q is None:
             return int(rng.integers(self.lower, self.upper))
-        return int(rng.integers(self._q_low() // q, self._q_high() // q + 1)) * q
+        return int(rng.integers(self.q_low() // q, self.q_high() // q + 1)) * q
 
     def is_valid(self, value: Any) -> bool:
         if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
             return False
         if self.q is None:
             return self.lower <= value < self.upper
-        return self._q_low() <= value <= self._q_high() and value % self.q == 0
+        return self.q_low() <= value <= self.q_high() and value % self.q == 0
 
     @property
     def domain_str(self) -> str:
@@ -819,94 +814,3 @@ def unflatten(flat: Mapping[str, Any], sep: str = SEP) -> dict[str, Any]:
         else:
             node[keys[-1]] = value
     return out
-
-
-# --------------------------------------------------------------------------------------
-# Optuna
-# --------------------------------------------------------------------------------------
-
-
-def _to_distribution(domain: Domain, path: Path) -> BaseDistribution:
-    from optuna import distributions as od
-
-    where = f"parameter '{path_str(path)}'"
-    if isinstance(domain, Function):
-        raise ValueError(  # noqa: TRY004 - an unsupported value, like grid_search
-            f"{where}: Optuna can't take sample_from; compute it inside a define-by-run "
-            "function passed as OptunaSearch(space=func)"
-        )
-    if isinstance(domain, Categorical):
-        return od.CategoricalDistribution(domain.categories)
-    if isinstance(domain, Float):
-        if domain.sampler == "normal":
-            raise ValueError(f"{where}: Optuna has no normal distribution (randn/qrandn)")
-        if domain.sampler == "loguniform":
-            if domain.q is not None:
-                warnings.warn(
-                    f"{where}: Optuna can't quantize a log distribution; q={domain.q} is dropped",
-                    UserWarning,
-                    stacklevel=3,
-                )
-            return od.FloatDistribution(domain.lower, domain.upper, log=True)
-        return od.FloatDistribution(domain.lower, domain.upper, step=domain.q)
-    if isinstance(domain, Integer):
-        if domain.q is None:  # upper exclusive, Optuna's high is inclusive
-            return od.IntDistribution(
-                domain.lower, domain.upper - 1, log=domain.sampler == "loguniform"
-            )
-        low, high = domain._q_low(), domain._q_high()
-        if domain.sampler == "loguniform":
-            if domain.q != 1:
-                warnings.warn(
-                    f"{where}: Optuna can't quantize a log distribution; q={domain.q} is dropped",
-                    UserWarning,
-                    stacklevel=3,
-                )
-            return od.IntDistribution(low, high, log=True)
-        return od.IntDistribution(low, high, step=domain.q)
-    raise ValueError(f"{where}: no Optuna distribution for {domain!r}")
-
-
-def optuna_plan(
-    space: Mapping[str, Any],
-) -> tuple[dict[str, BaseDistribution], dict[str, Path], dict[str, Any]]:
-    """Translate ``space``: (distributions by name, path by name, constants by name).
-
-    Names are paths joined with ``"/"``. Optuna distributions already in the space are kept.
-    """
-    from optuna.distributions import BaseDistribution
-
-    validate_param_space(space)
-    dists: dict[str, BaseDistribution] = {}
-    paths: dict[str, Path] = {}
-    constants: dict[str, Any] = {}
-    for path, value in leaves(space):
-        name = path_str(path)
-        if name in paths or name in constants:
-            raise ValueError(f"two parameters flatten to the same name '{name}'")
-        if is_grid(value):
-            raise ValueError(
-                f"parameter '{name}': Optuna can't take grid_search; use tune.choice(...) for a "
-                "random pick, or optuna.samplers.GridSampler via "
-                "OptunaSearch(sampler=GridSampler({...})) for an exhaustive grid"
-            )
-        if isinstance(value, BaseDistribution):
-            dists[name], paths[name] = value, path
-        elif isinstance(value, Domain):
-            dists[name], paths[name] = _to_distribution(value, path), path
-        else:
-            constants[name] = value
-    return dists, paths, constants
-
-
-def to_optuna_distributions(
-    space: Mapping[str, Any],
-) -> tuple[dict[str, BaseDistribution], dict[str, Any]]:
-    """Translate a param space to Optuna: ``(distributions, constants)``, both keyed by
-    ``"/"``-joined paths (``"model/lr"``).
-
-    log and quantized domains map to ``log=True`` / ``step=q``. grid_search, sample_from and
-    randn raise ValueError naming the parameter.
-    """
-    dists, _, constants = optuna_plan(space)
-    return dists, constants

@@ -21,7 +21,6 @@ workers with each trial: workers write checkpoints straight to storage.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import io
 import json
@@ -30,7 +29,6 @@ import os
 import posixpath
 import re
 import shutil
-import sys
 import tempfile
 import time
 import uuid
@@ -42,6 +40,8 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from dasktune import _dask_config
+from dasktune.layout import checkpoint_dir_name, checkpoint_index
+from dasktune.s3_upload import is_s3, s3_put, transfer_setting
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,6 @@ MANIFEST = ".dasktune_checkpoint.json"
 STATE_FILE = "experiment_state.json"
 SEARCHER_STATE_FILE = "searcher-state.pkl"
 TUNER_FILE = "tuner.pkl"
-_CKPT_RE = re.compile(r"^checkpoint_(\d{6,})$")
 
 T = TypeVar("T")
 
@@ -120,14 +119,6 @@ def scrub_options(options: Any) -> Any:
     return options
 
 
-def _transfer_conf(key: str) -> int:
-    """A ``dasktune.storage.transfer`` setting (see dasktune.yaml): a count or a size."""
-    from dask.utils import parse_bytes
-
-    value = _dask_config.get(f"storage.transfer.{key}")
-    return int(parse_bytes(value) if isinstance(value, str) else value)
-
-
 def transfer_kwargs(fs: fsspec.AbstractFileSystem, op: str) -> dict[str, Any]:
     """Keyword arguments for ``fs.put``/``fs.get`` (``op``) that keep memory bounded.
 
@@ -140,7 +131,7 @@ def transfer_kwargs(fs: fsspec.AbstractFileSystem, op: str) -> dict[str, Any]:
         raise ValueError(f"transfer_kwargs: op must be 'put' or 'get', got {op!r}")
     if not getattr(fs, "async_impl", False):
         return {}
-    conf = {k: _transfer_conf(k) for k in ("files", "get-files", "parts", "part-size")}
+    conf = {k: transfer_setting(k) for k in ("files", "get-files", "parts", "part-size")}
     # Downloads stream (64 KiB reads), so more files may be in flight than for uploads,
     # which read a file (or a part) whole before sending it.
     out: dict[str, Any] = {"batch_size": int(conf["files" if op == "put" else "get-files"])}
@@ -160,213 +151,12 @@ def transfer_kwargs(fs: fsspec.AbstractFileSystem, op: str) -> dict[str, Any]:
     return out
 
 
-def _is_s3(fs: fsspec.AbstractFileSystem) -> bool:
-    """Whether ``fs`` is s3fs's, whose requests :func:`put_files`/:func:`get_files`
-    drive directly."""
-    s3fs = sys.modules.get("s3fs")  # loaded if fs is one: no import for other stores
-    return s3fs is not None and isinstance(fs, s3fs.S3FileSystem)
-
-
-class _FileRange(io.RawIOBase):
-    """Bytes ``[start, start + length)`` of a local file, read from disk as asked.
-
-    The body of one S3 request: botocore reads it in 1 MiB pieces for its checksum and
-    aiohttp in 256 KiB pieces to send it, so memory does not grow with the part size.
-    It has no ``fileno``, so aiohttp takes the length from the request's header.
-    """
-
-    def __init__(self, path: str, start: int, length: int):
-        super().__init__()
-        self._fd = os.open(path, os.O_RDONLY)
-        self._start = start
-        self._len = length
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._len}[whence]
-        self._pos = max(0, min(self._len, base + offset))
-        return self._pos
-
-    def read(self, size: int | None = -1) -> bytes:
-        left = self._len - self._pos
-        n = left if size is None or size < 0 else min(size, left)
-        if n <= 0:
-            return b""
-        data = os.pread(self._fd, n, self._start + self._pos)
-        self._pos += len(data)
-        return data
-
-    def readinto(self, buffer: Any) -> int:
-        data = self.read(len(buffer))
-        buffer[: len(data)] = data
-        return len(data)
-
-    def close(self) -> None:
-        if not self.closed:
-            os.close(self._fd)
-        super().close()
-
-
-async def _first_error(coros: list[Any]) -> list[Any]:
-    """Run ``coros`` concurrently; on the first error cancel the rest, then raise it
-    (a plain ``gather`` would leave them uploading behind a retry)."""
-    tasks = [asyncio.ensure_future(c) for c in coros]
-    if not tasks:
-        return []
-    done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-    for t in pending:
-        t.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)
-    for t in tasks:
-        if t.done() and not t.cancelled() and t.exception() is not None:
-            raise t.exception()  # type: ignore[misc]
-    return [t.result() for t in tasks]
-
-
-async def _s3_put_async(fs: Any, lpaths: list[str], rpaths: list[str],
-                        sizes: list[int]) -> None:
-    """Upload files to S3 in parallel, streaming each from disk (see :func:`_s3_put`)."""
-    limit = asyncio.Semaphore(max(1, _transfer_conf("requests")))
-    inline = _transfer_conf("inline-size")
-    part_size = max(5 * 2**20, _transfer_conf("s3-part-size"))  # S3's smallest part
-
-    async def send(method: str, lpath: str, start: int, length: int, **kw: Any) -> Any:
-        async with limit:
-            if length <= inline:  # small: one read, a body botocore can resend
-                with open(lpath, "rb") as f:
-                    f.seek(start)
-                    return await fs._call_s3(method, Body=f.read(length), **kw)
-            with _FileRange(lpath, start, length) as body:
-                # ContentLength explicit: a body a failed try half-read can never pass
-                # for a shorter, complete object (the size check below is the proof).
-                return await fs._call_s3(method, Body=body, ContentLength=length, **kw)
-
-    async def one(lpath: str, rpath: str, size: int) -> None:
-        bucket, key, _ = fs.split_path(rpath)
-        if size <= part_size:
-            await send("put_object", lpath, 0, size, Bucket=bucket, Key=key)
-        else:
-            async with limit:
-                mpu = await fs._call_s3("create_multipart_upload", Bucket=bucket, Key=key)
-            upload_id = mpu["UploadId"]
-
-            async def part(number: int, start: int) -> dict[str, Any]:
-                out = await send("upload_part", lpath, start, min(part_size, size - start),
-                                 Bucket=bucket, Key=key, UploadId=upload_id,
-                                 PartNumber=number)
-                return {"PartNumber": number, "ETag": out["ETag"]}
-
-            try:
-                parts = await _first_error([part(i + 1, start) for i, start
-                                            in enumerate(range(0, size, part_size))])
-                async with limit:
-                    await fs._call_s3("complete_multipart_upload", Bucket=bucket, Key=key,
-                                      UploadId=upload_id, MultipartUpload={"Parts": parts})
-            except BaseException:
-                with contextlib.suppress(Exception):  # best effort: S3 expires it anyway
-                    await fs._call_s3("abort_multipart_upload", Bucket=bucket, Key=key,
-                                      UploadId=upload_id)
-                raise
-        if size > inline:
-            # s3fs's own retries resend a streamed body from where the failed try left
-            # it: prove the object is whole before the manifest says so.
-            async with limit:
-                head = await fs._call_s3("head_object", Bucket=bucket, Key=key)
-            if head.get("ContentLength") != size:
-                raise OSError(f"short upload of {rpath}: {head.get('ContentLength')} of "
-                              f"{size} bytes")
-
-    await _first_error([one(lp, rp, n) for lp, rp, n in zip(lpaths, rpaths, sizes)])
-
-
-def _s3_put(fs: Any, lpaths: list[str], rpaths: list[str], sizes: list[int]) -> None:
-    """Upload local files to S3 with memory bounded whatever their size, in parallel.
-
-    s3fs's ``put`` reads every part (50 MiB by default) whole into memory, for each of
-    the files and parts in flight; here a file over ``inline-size`` is sent straight
-    from disk (single PUT up to ``s3-part-size``, then multipart with parallel parts),
-    at most ``requests`` requests at a time across all files.
-    """
-    from fsspec.asyn import sync
-
-    try:
-        sync(fs.loop, _s3_put_async, fs, lpaths, rpaths, sizes)
-    finally:
-        for rpath in rpaths:  # listings cached before the upload are stale now
-            fs.invalidate_cache(rpath)
-
-
-
-async def _s3_get_async(fs: Any, rpaths: list[str], lpaths: list[str]) -> None:
-    """Download S3 objects in parallel ranges, each streamed to its place in the file."""
-    limit = asyncio.Semaphore(max(1, _transfer_conf("requests")))
-    part_size = max(2**20, _transfer_conf("s3-part-size"))
-
-    async def fetch(bucket: str, key: str, fd: int, start: int) -> tuple[int, int]:
-        """GET ``part_size`` bytes from ``start`` into ``fd``; (bytes written, object size)."""
-        async with limit:
-            resp = await fs._call_s3("get_object", Bucket=bucket, Key=key,
-                                     Range=f"bytes={start}-{start + part_size - 1}")
-            body = resp["Body"]
-            offset = start
-            try:
-                while chunk := await body.read(2**16):  # one 64 KiB piece in memory
-                    os.pwrite(fd, chunk, offset)
-                    offset += len(chunk)
-            finally:
-                body.close()
-        total = resp.get("ContentRange", "").rpartition("/")[2]
-        return offset - start, int(total) if total.isdigit() else offset
-
-    async def one(rpath: str, lpath: str) -> None:
-        bucket, key, _ = fs.split_path(rpath)
-        fd = os.open(lpath, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-        try:
-            try:
-                got, size = await fetch(bucket, key, fd, 0)
-            except OSError as exc:  # an empty object has no range to satisfy
-                if "range" not in str(exc).lower():
-                    raise
-                async with limit:
-                    head = await fs._call_s3("head_object", Bucket=bucket, Key=key)
-                got = size = int(head["ContentLength"])
-                if size:
-                    raise
-            rest = await _first_error([fetch(bucket, key, fd, start)
-                                       for start in range(part_size, size, part_size)])
-            got += sum(n for n, _ in rest)
-            if got != size:
-                raise OSError(f"short download of {rpath}: {got} of {size} bytes")
-        finally:
-            os.close(fd)
-
-    await _first_error([one(rp, lp) for rp, lp in zip(rpaths, lpaths)])
-
-
 def get_files(fs: fsspec.AbstractFileSystem, rpaths: list[str], lpaths: list[str]) -> None:
-    """Download ``rpaths`` to ``lpaths`` (parent folders must exist) with bounded memory.
-
-    On S3, files in parallel and large ones in parallel ranges of ``s3-part-size``, each
-    streamed to disk in 64 KiB pieces, at most ``requests`` requests at a time
-    (s3fs's ``get`` holds each 50 MiB range whole); elsewhere ``fs.get`` with
-    :func:`transfer_kwargs`. No retry here: callers wrap it in :func:`retry`.
-    """
-    if not rpaths:
-        return
-    if _is_s3(fs):
-        from fsspec.asyn import sync
-
-        sync(fs.loop, _s3_get_async, fs, rpaths, lpaths)
-    else:
+    """Download ``rpaths`` to ``lpaths`` (parent folders must exist) with bounded memory:
+    ``fs.get`` with :func:`transfer_kwargs` (on S3, s3fs streams each file in 64 KiB
+    pieces and resumes a broken stream by range). No retry here: callers wrap it in
+    :func:`retry`."""
+    if rpaths:
         fs.get(rpaths, lpaths, **transfer_kwargs(fs, "get"))
 
 
@@ -378,26 +168,37 @@ def download_folder(fs: fsspec.AbstractFileSystem, remote: str, local: str, uri:
     root = fs._strip_protocol(remote).rstrip("/")
     with contextlib.suppress(Exception):  # a cache that cannot be cleared has none
         fs.invalidate_cache(root)
-    found = retry(lambda: fs.find(root), uri)
+    found = retry(lambda: fs.find(root, detail=True), uri)
     files = [f for f in found if posixpath.basename(f) not in skip]
     lpaths = [os.path.join(local, *posixpath.relpath(fs._strip_protocol(f), root).split("/"))
               for f in files]
     for lp in lpaths:
         os.makedirs(os.path.dirname(lp), exist_ok=True)
     if files:
-        retry(lambda: get_files(fs, files, lpaths), uri)
+        retry(lambda: _get_whole(fs, files, lpaths, [found[f].get("size") for f in files]),
+              uri)
+
+
+def _get_whole(fs: fsspec.AbstractFileSystem, rpaths: list[str], lpaths: list[str],
+               sizes: list[int | None]) -> None:
+    """:func:`get_files`, then proof that each file arrived whole (its listed size)."""
+    get_files(fs, rpaths, lpaths)
+    for rpath, lpath, size in zip(rpaths, lpaths, sizes):
+        if size is not None and os.path.getsize(lpath) != size:
+            raise OSError(f"short download of {rpath}: {os.path.getsize(lpath)} of "
+                          f"{size} bytes")
 
 
 def put_files(fs: fsspec.AbstractFileSystem, lpaths: list[str], rpaths: list[str]) -> None:
     """Upload ``lpaths`` to ``rpaths`` with bounded memory, files in parallel.
 
-    S3 goes through :func:`_s3_put`; other stores through ``fs.put`` with
+    S3 goes through :func:`dasktune.s3_upload.s3_put`; other stores through ``fs.put`` with
     :func:`transfer_kwargs`. No retry here: callers wrap it in :func:`retry`.
     """
     if not lpaths:
         return
-    if _is_s3(fs):
-        _s3_put(fs, lpaths, rpaths, [os.path.getsize(p) for p in lpaths])
+    if is_s3(fs):
+        s3_put(fs, lpaths, rpaths, [os.path.getsize(p) for p in lpaths])
     else:
         fs.put(lpaths, rpaths, **transfer_kwargs(fs, "put"))
 
@@ -532,7 +333,7 @@ class ExperimentStorage:
         retry(_write, self.uri_of(path))
 
     def write_json(self, path: str, obj: Any, durable: bool = False) -> None:
-        self.write_bytes(path, json.dumps(obj, default=_json_default, separators=(",", ":"))
+        self.write_bytes(path, json.dumps(obj, default=json_default, separators=(",", ":"))
                          .encode(), durable=durable)
 
     def read_bytes(self, path: str) -> bytes:
@@ -564,7 +365,8 @@ class ExperimentStorage:
                           fenced: Callable[[], bool] | None = None) -> str:
         """Upload ``local_dir`` as a new checkpoint of the trial and commit it.
 
-        Returns the checkpoint's path. The name is ``checkpoint_<index>``, or the next
+        Returns the checkpoint's path. The name is :func:`~dasktune.layout.checkpoint_dir_name`
+        of ``index``, or the next
         free index if a crashed writer left that directory behind (never reused).
         ``fenced`` is asked once the files are up, before the manifest: if it says the
         attempt was given up meanwhile, the files are removed and :class:`CommitFenced`
@@ -572,7 +374,7 @@ class ExperimentStorage:
         """
         fs = self.fs
         while True:
-            dest = posixpath.join(trial_path, f"checkpoint_{index:06d}")
+            dest = posixpath.join(trial_path, checkpoint_dir_name(index))
             if not self.exists(dest):
                 break
             index += 1
@@ -608,7 +410,7 @@ class ExperimentStorage:
         manifest = {"files": files, "committed_at": time.time(), **metadata,
                     "checkpoint_index": index}
         self.write_bytes(posixpath.join(dest, MANIFEST),
-                         json.dumps(manifest, default=_json_default).encode())
+                         json.dumps(manifest, default=json_default).encode())
         return dest
 
     def read_manifest(self, checkpoint_path: str) -> dict[str, Any] | None:
@@ -660,9 +462,9 @@ class ExperimentStorage:
             return []
         found = []
         for entry in entries:
-            m = _CKPT_RE.match(posixpath.basename(entry.rstrip("/")))
-            if m:
-                found.append((int(m.group(1)), entry.rstrip("/")))
+            index = checkpoint_index(entry)
+            if index is not None:
+                found.append((index, entry.rstrip("/")))
         return [p for _, p in sorted(found)]
 
     def latest_committed_checkpoint(self, trial_path: str) -> str | None:
@@ -899,7 +701,9 @@ class AppendFile:
             logger.error("could not write %s: %s", self.path, exc)
 
 
-def _json_default(obj: Any) -> Any:
+def json_default(obj: Any) -> Any:
+    """``json.dumps(default=...)`` for results and state: numpy scalars and arrays as
+    numbers and lists, sets and tuples as lists, anything else as its repr."""
     try:
         import numpy as np
 

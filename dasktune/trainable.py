@@ -8,7 +8,6 @@ A trainable is either a function ``f(config)`` that calls ``tune.report`` or a
 from __future__ import annotations
 
 import copy
-import datetime
 import functools
 import inspect
 import os
@@ -18,6 +17,9 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from dasktune.result import fill_auto_fields
+from dasktune.session import node_ip
 
 RESULT_DUPLICATE = "__duplicate__"
 _DICT_CHECKPOINT_FILE = "dict_checkpoint.pkl"
@@ -134,23 +136,20 @@ class Trainable:
         self._iterations_since_restore += 1
         self._time_total += elapsed
         self._time_since_restore += elapsed
-        wall = time.time()
-        result.setdefault("done", False)
-        result.update(
+        return fill_auto_fields(
+            result,
             training_iteration=self._iteration,
             iterations_since_restore=self._iterations_since_restore,
             time_this_iter_s=elapsed,
             time_total_s=self._time_total,
             time_since_restore=self._time_since_restore,
-            timestamp=int(wall),
-            date=datetime.datetime.fromtimestamp(wall).strftime("%Y-%m-%d_%H-%M-%S"),
+            timestamp=time.time(),
             trial_id=self._trial_id,
             pid=os.getpid(),
             hostname=_hostname(),
-            node_ip=_node_ip(),
+            node_ip=_this_node_ip(),
             config=self.config,
         )
-        return result
 
     def save(self, checkpoint_dir: str | None = None) -> str:
         """Write a checkpoint into ``checkpoint_dir`` (a new temp folder if None)."""
@@ -209,11 +208,9 @@ def _hostname() -> str:
 
 
 @functools.cache
-def _node_ip() -> str:
+def _this_node_ip() -> str:
     """This host's IP, looked up once per process (train() runs per step)."""
-    from dasktune.session import _node_ip as lookup
-
-    return lookup("")
+    return node_ip()
 
 
 # ------------------------------------------------------------------ wrappers

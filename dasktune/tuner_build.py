@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
+from dasktune import _dask_config
 from dasktune.policy_log import PBTPolicyLogger
 from dasktune.trainable import unwrap
 from dasktune.trial_notices import TrialNotices
@@ -124,11 +125,13 @@ def make_scheduler(tc: TuneConfig) -> TrialScheduler:
     metric = tc.metric if not isinstance(tc.metric, list) else None
     mode = tc.mode if not isinstance(tc.mode, list) else None
     if not sched.set_search_properties(metric, mode):
+        # Ray's rule and words (tune.run): set in one place, even when the two agree.
         raise ValueError(
-            f"the scheduler {type(sched).__name__} has metric/mode "
-            f"({getattr(sched, 'metric', None) or getattr(sched, '_metric', None)!r}, "
-            f"{getattr(sched, 'mode', None) or getattr(sched, '_mode', None)!r}) that disagree "
-            f"with TuneConfig(metric={tc.metric!r}, mode={tc.mode!r}); set them in one place"
+            f"You passed a `metric` or `mode` argument to `TuneConfig` (metric={tc.metric!r}, "
+            f"mode={tc.mode!r}), but the scheduler you are using ({type(sched).__name__}) was "
+            f"already instantiated with its own `metric` and `mode` parameters "
+            f"(metric={sched.metric!r}, mode={sched.mode!r}). Either remove the arguments from "
+            "your scheduler or from `TuneConfig`."
         )
     return sched
 
@@ -143,8 +146,8 @@ def make_callbacks(rc: RunConfig, client: Any, storage: ExperimentStorage, name:
     callbacks.append(PBTPolicyLogger())  # writes nothing unless PBT exploits with log_config
     if rc.verbose is None or rc.verbose >= 1:  # Ray prints trial errors from verbosity 1
         callbacks.append(TrialNotices())
-    # Ray's switch for the default JSON/CSV/TensorBoard loggers.
-    if os.environ.get("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "0") != "1":
+    # The default JSON/CSV/TensorBoard loggers (Ray's TUNE_DISABLE_AUTO_CALLBACK_LOGGERS).
+    if _dask_config.get("default-loggers"):
         for cls in DEFAULT_LOGGERS:
             if not any(isinstance(cb, cls) for cb in callbacks):
                 callbacks.append(cls())
@@ -188,7 +191,6 @@ def ship_by_value(trainable: Any) -> None:
     ships a working dir for that); pickling it by value makes it run unchanged.
     Installed packages keep being imported by name.
     """
-    import os
     import site
     import sys
     import sysconfig

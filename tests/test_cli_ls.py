@@ -50,3 +50,26 @@ def test_ls_on_a_missing_folder_is_one_clear_line(tmp_path):
     assert r.returncode != 0
     assert r.stderr.strip().splitlines() == [f"error: no such folder: {missing}"]
     assert "Traceback" not in r.stderr and r.stdout == ""
+
+
+def test_storage_path_setting_is_the_default_for_tuner_and_ls(local_client, tmp_path):
+    """``dasktune.storage-path`` (dasktune.yaml) is where a run without
+    ``RunConfig(storage_path=...)`` writes, and where ``dasktune ls`` looks: set through
+    ``dask.config.set`` here, through ``DASK_DASKTUNE__STORAGE_PATH`` for the command."""
+    import dask.config
+
+    storage = str(tmp_path / "from_setting")
+    with dask.config.set({"dasktune.storage-path": storage}):
+        results = tune.Tuner(
+            linear, param_space={"x": tune.grid_search([1, 2])},
+            run_config=tune.RunConfig(name="setting_exp", verbose=0),
+        ).fit()
+    assert results.num_terminated == 2
+    assert results.experiment_path == os.path.join(storage, "setting_exp")
+    assert os.path.exists(os.path.join(storage, "setting_exp", "experiment_state.json"))
+
+    script = os.path.join(os.path.dirname(sys.executable), "dasktune")
+    r = subprocess.run([script, "ls"], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "DASK_DASKTUNE__STORAGE_PATH": storage})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0].startswith("setting_exp  [")

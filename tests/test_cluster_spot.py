@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from distributed import Client, Scheduler, Worker
 
-from dasktune.cluster.spot import SpotInterruptionPlugin, _read_notice, notice_url
+from dasktune.cluster.spot import SpotInterruptionPlugin, notice_url, read_notice
 
 
 class _Metadata:
@@ -119,9 +119,9 @@ def test_aws_notice_read_with_or_without_a_token(token):
     only) is still read."""
     meta = _Metadata(b'{"action": "stop"}', token=token)
     try:
-        assert _read_notice(meta.url, "aws", timeout=2.0) is False  # 404: no notice yet
+        assert read_notice(meta.url, "aws", timeout=2.0) is False  # 404: no notice yet
         meta.notice.set()
-        assert _read_notice(meta.url, "aws", timeout=2.0) is True
+        assert read_notice(meta.url, "aws", timeout=2.0) is True
         assert meta.hits == 2 and meta.refused == 0
     finally:
         meta.close()

@@ -212,7 +212,7 @@ def test_bad_arguments(client):
         DashboardCallback(object(), {})
     with pytest.raises(TypeError, match="experiment_info must be a dict"):
         DashboardCallback(client, ["name"])
-    with pytest.raises(ValueError, match="mode must be 'min', 'max'"):
+    with pytest.raises(ValueError, match="mode must be 'min' or 'max'"):
         DashboardCallback(client, {"metric": "loss", "mode": "avg"})
     with pytest.raises(TypeError, match="metric must be a str"):
         DashboardCallback(client, {"metric": 3})

@@ -381,3 +381,71 @@ def test_checkpoint_folders_the_caller_keeps_are_not_scratch(tmp_path, monkeypat
         assert local.startswith(str(worker_dir))
         assert open(os.path.join(local, "model.txt")).read() == "weights"
     assert not os.listdir(worker_dir)
+
+
+def test_auto_result_keys_name_every_field_dasktune_fills():
+    """One AUTO_RESULT_KEYS: a standalone Trainable.train() result holds the user's metric
+    plus only keys listed there, and fill_auto_fields keeps a step's own timing."""
+    import dasktune as tune
+    from dasktune.result import AUTO_RESULT_KEYS, fill_auto_fields
+
+    class T(tune.Trainable):
+        def step(self):
+            return {"score": 1.0, "time_this_iter_s": 7.0}
+
+    result = T({"a": 1}).train()
+    assert set(result) - set(AUTO_RESULT_KEYS) == {"score"}
+    assert result["time_this_iter_s"] == 7.0 and result["training_iteration"] == 1
+    filled = fill_auto_fields({"x": 1}, training_iteration=2, iterations_since_restore=1,
+                              time_this_iter_s=0.5, time_total_s=1.5, time_since_restore=0.5,
+                              timestamp=1e9, trial_id="t1", pid=1, hostname="h",
+                              node_ip="10.0.0.1", config={}, experiment_tag="1_a=1",
+                              worker="tcp://10.0.0.1:1")
+    assert set(filled) - set(AUTO_RESULT_KEYS) == {"x"}
+    assert filled["done"] is False and filled["time_this_iter_s"] == 0.5
+    assert filled["timestamp"] == 1_000_000_000
+
+
+# ------------------------------------------------------------------ metric/mode in one place
+def test_metric_on_scheduler_and_in_tune_config_is_refused_before_any_trial(tmp_path):
+    """Ray 2.60 (tune.run): a scheduler built with a metric or mode, and TuneConfig naming
+    one too, is a ValueError, even when they agree; nothing runs, nothing is written."""
+    from dasktune.schedulers import ASHAScheduler
+
+    ran = []
+
+    def trainable(config):
+        ran.append(1)
+        tune.report({"loss": 1.0})
+
+    for tc in (dict(metric="loss", mode="min"), dict(metric="loss"), dict(mode="min")):
+        with pytest.raises(ValueError, match=r"AsyncHyperBandScheduler.*already instantiated "
+                                             r"with its own `metric` and `mode`"):
+            fit(trainable, str(tmp_path), tc=dict(tc, scheduler=ASHAScheduler(
+                metric="loss", mode="min")))
+    assert ran == [] and not os.path.exists(tmp_path / "exp")
+    # One place only is fine: on the scheduler, or in TuneConfig.
+    from dasktune.tuner_build import make_scheduler
+
+    sched = make_scheduler(tune.TuneConfig(scheduler=ASHAScheduler(metric="loss", mode="min")))
+    assert (sched.metric, sched.mode) == ("loss", "min")
+    sched = make_scheduler(tune.TuneConfig(metric="loss", mode="min", scheduler=ASHAScheduler()))
+    assert (sched.metric, sched.mode) == ("loss", "min")
+
+
+def test_searcher_metric_may_repeat_tune_config_but_not_contradict_it():
+    """Ray's own optuna_define_by_run_example sets the same metric on OptunaSearch and in
+    TuneConfig: accepted. A different one is refused (Ray would silently keep one)."""
+    pytest.importorskip("optuna")
+    from dasktune.search.optuna import OptunaSearch
+    from dasktune.tuner_build import make_search_alg
+
+    space = {"x": tune.uniform(0, 1)}
+    same = tune.TuneConfig(metric="loss", mode="min",
+                           search_alg=OptunaSearch(metric="loss", mode="min"))
+    assert make_search_alg(same, space, "abcdef01").searcher.metric == "loss"
+    other = tune.TuneConfig(metric="acc", mode="min",
+                            search_alg=OptunaSearch(metric="loss", mode="min"))
+    with pytest.raises(ValueError, match=r"contradicts the searcher's own metric='loss', "
+                                         r"mode='min' \(OptunaSearch\)"):
+        make_search_alg(other, space, "abcdef01")

@@ -227,19 +227,24 @@ def assert_one_lineage(trial_dir: str, iters: int) -> list[dict[str, Any]]:
     return rows
 
 
-def committed_before(trial_dir: str, t: float) -> int:
-    """The newest checkpoint's iteration whose commit manifest was written before ``t``."""
+def commits_before(trial_dir: str, t: float) -> list[int]:
+    """The iterations of the checkpoints whose commit manifest was written before ``t``."""
     from dasktune.storage import MANIFEST
 
-    newest = 0
+    found = []
     for name in os.listdir(trial_dir):
         path = os.path.join(trial_dir, name, MANIFEST)
         if name.startswith("checkpoint_") and os.path.exists(path):
             with open(path) as f:
                 manifest = json.load(f)
             if manifest["committed_at"] < t:
-                newest = max(newest, int(manifest["training_iteration"]))
-    return newest
+                found.append(int(manifest["training_iteration"]))
+    return sorted(found)
+
+
+def committed_before(trial_dir: str, t: float) -> int:
+    """The newest checkpoint's iteration whose commit manifest was written before ``t``."""
+    return max(commits_before(trial_dir, t), default=0)
 
 
 def sigkill(proc) -> float:
@@ -290,12 +295,12 @@ def test_chaos_sigkill_workers_running_trials(cluster, tmp_path):
     assert len(results) == 12 and results.num_terminated == 12 and not results.errors
     dirs = trial_dirs(str(exp))
     assert len(dirs) == 12
-    moved = behind = 0
+    moved = held_back = 0
     for d in dirs:
         attempts = read_jsonl(os.path.join(d, "attempts.jsonl"))
         executed = read_jsonl(os.path.join(d, "executed.jsonl"))
         committed = read_jsonl(os.path.join(d, "committed.jsonl"))
-        assert_one_lineage(d, iters)
+        rows = assert_one_lineage(d, iters)
         # Every attempt but the last was on a killed worker; the last one finished.
         assert all(a["pid"] in killed for a in attempts[:-1]), attempts
         assert attempts[-1]["pid"] not in killed
@@ -305,22 +310,30 @@ def test_chaos_sigkill_workers_running_trials(cluster, tmp_path):
             continue
         moved += 1
         for prev, cur in zip(attempts, attempts[1:]):
-            mine = [c["it"] for c in committed if c["attempt"] < cur["attempt"]]
-            newest = max(mine, default=0)
+            # The checkpoints committed (manifest written) before the kill, by storage's own
+            # record; committed.jsonl may miss one committed just before the SIGKILL.
+            commits = commits_before(d, killed[prev["pid"]])
+            newest = max(commits, default=0)
+            assert newest >= max((c["it"] for c in committed
+                                  if c["attempt"] < cur["attempt"]), default=0)
             # Killed at most k iterations past its newest commit (report blocks on commit)...
             # (an attempt killed before its first iteration, seen on a loaded machine,
             # reached the checkpoint it restored)
             reached = max((r["it"] for r in executed if r["attempt"] == prev["attempt"]),
                           default=prev["restored"])
             assert reached - newest <= k, (d, reached, newest)
-            # ...and resumed right after a committed checkpoint of its lineage. The spec says
-            # the newest one; today it is the newest the driver had heard of, which lags
-            # when the driver is busy (seen: 2 commits behind during the start-up burst).
-            # test_faults_restore.py::test_committed_but_unreported_checkpoint_is_resumed
-            # pins that down (xfail); once fixed, assert cur["restored"] == newest here.
-            assert cur["restored"] in [0, *mine] and cur["start"] == cur["restored"] + 1
-            assert cur["restored"] >= prev["restored"], (d, attempts)
-            behind += newest - cur["restored"]
+            # ...and resumed right after the newest checkpoint committed before the kill
+            # (storage is the truth: the driver adopts one it never heard of), unless rows
+            # between the last one the driver logged and that checkpoint died with the
+            # worker: then from the newest it logged, so result.json keeps no hole (the
+            # driver's documented rule; seen 1 run in 4: logged 5, committed 8, resumed 4).
+            logged = max([r["i"] for r in rows if r["attempt"] <= prev["attempt"]]
+                         + [prev["restored"]])
+            expected = newest if newest <= logged + 1 else max(
+                [c for c in commits if c <= logged], default=0)
+            assert cur["restored"] == expected, (d, attempts, commits, logged)
+            held_back += expected != newest
+            assert cur["start"] == cur["restored"] + 1
     assert moved >= n_kills  # each kill hit at least one running trial
     by_id = {t.trial_id: t for t in results._trials}
     assert all(t.status == TERMINATED for t in by_id.values())
@@ -329,7 +342,7 @@ def test_chaos_sigkill_workers_running_trials(cluster, tmp_path):
     resumed = sum(len(read_jsonl(os.path.join(d, "attempts.jsonl"))) - 1 for d in dirs)
     assert sum(t.num_restarts for t in by_id.values()) >= resumed >= moved
     print(f"\nchaos: {n_kills} kills, {moved} trials moved, {resumed} resumed attempts, "
-          f"{behind} iterations re-run beyond the newest committed checkpoints")
+          f"{held_back} resumed behind the newest commit (rows lost with the worker)")
     assert all(t.num_failures == 0 for t in by_id.values())
     assert not any(t.status == ERROR for t in by_id.values())
 

@@ -17,6 +17,7 @@ from dasktune import space as sp
 from dasktune.search import ConcurrencyLimiter, Repeater, SearchGenerator
 from dasktune.search._base import Suggestion
 from dasktune.search.optuna import InFlightTPESampler, OptunaSearch
+from dasktune.search.optuna_space import to_optuna_distributions
 from dasktune.search.testing import check_searcher
 from dasktune.trial import ERROR, TERMINATED, Trial
 
@@ -439,3 +440,58 @@ def test_tuner_never_asks_ahead_of_free_slots(local_client, storage_path):
     ).fit()
     assert not results.errors and len(results) == 12
     assert len(_UNSEEN_AT_ASK) == 12 and max(_UNSEEN_AT_ASK) <= 1, _UNSEEN_AT_ASK
+
+
+# -- the translation of a param space (dasktune.search.optuna_space) ---------------------
+def test_to_optuna_every_domain():
+    od = optuna.distributions
+    space = {
+        "u": sp.uniform(0, 1),
+        "qu": sp.quniform(0, 1, 0.25),
+        "lu": sp.loguniform(1e-4, 1e-1),
+        "ri": sp.randint(1, 10),
+        "qri": sp.qrandint(1, 10, 3),
+        "lri": sp.lograndint(1, 100),
+        "qlri1": sp.qlograndint(1, 100, 1),
+        "ch": sp.choice(["a", "b"]),
+        "model": {"depth": sp.randint(2, 5), "name": "mlp"},
+        "const": 7,
+    }
+    dists, constants = to_optuna_distributions(space)
+    assert dists["u"] == od.FloatDistribution(0, 1)
+    assert dists["qu"] == od.FloatDistribution(0, 1, step=0.25)
+    assert dists["lu"] == od.FloatDistribution(1e-4, 1e-1, log=True)
+    assert dists["ri"] == od.IntDistribution(1, 9)  # randint upper is exclusive
+    assert dists["qri"] == od.IntDistribution(3, 9, step=3)  # same values as qrandint
+    assert dists["lri"] == od.IntDistribution(1, 99, log=True)
+    assert dists["qlri1"] == od.IntDistribution(1, 100, log=True)
+    assert dists["ch"] == od.CategoricalDistribution(["a", "b"])
+    assert dists["model/depth"] == od.IntDistribution(2, 4)
+    assert constants == {"model/name": "mlp", "const": 7}
+    with pytest.warns(UserWarning, match="q=0.1 is dropped"):
+        dists, _ = to_optuna_distributions({"x": sp.qloguniform(0.1, 1, 0.1)})
+    assert dists["x"] == od.FloatDistribution(0.1, 1, log=True)
+    with pytest.warns(UserWarning, match="q=2 is dropped"):
+        to_optuna_distributions({"x": sp.qlograndint(2, 100, 2)})
+    kept, _ = to_optuna_distributions({"x": od.FloatDistribution(0, 2)})
+    assert kept["x"] == od.FloatDistribution(0, 2)
+
+
+def test_to_optuna_refusals():
+    with pytest.raises(ValueError, match="'m/g'.*grid_search.*choice.*GridSampler"):
+        to_optuna_distributions({"m": {"g": sp.grid_search([1, 2])}})
+    with pytest.raises(ValueError, match="'f'.*sample_from.*define-by-run"):
+        to_optuna_distributions({"f": sp.sample_from(lambda: 1)})
+    with pytest.raises(ValueError, match="'n'.*normal"):
+        to_optuna_distributions({"n": sp.randn()})
+    with pytest.raises(ValueError, match="same name 'a/b'"):
+        to_optuna_distributions({"a/b": sp.uniform(0, 1), "a": {"b": sp.uniform(0, 1)}})
+
+
+def test_convert_search_space_is_rays_static_method():
+    space = {"m": {"lr": sp.loguniform(1e-4, 1e-1)}, "k": sp.choice([1, 2]), "c": 3}
+    dists = OptunaSearch.convert_search_space(space)  # no instance needed, as in Ray
+    assert dists == {"m/lr": optuna.distributions.FloatDistribution(1e-4, 1e-1, log=True),
+                     "k": optuna.distributions.CategoricalDistribution([1, 2])}
+    with pytest.raises(ValueError, match="grid_search"):
+        OptunaSearch.convert_search_space({"g": sp.grid_search([1, 2])})

@@ -81,10 +81,14 @@ def test_mode_validation_and_search_properties(cls):
         s.set_search_properties("m", "up")
     assert s.set_search_properties("m", "max")
     assert (s.metric, s.mode) == ("m", "max")
-    assert s.set_search_properties("m", "max")  # the same again is fine
-    assert not s.set_search_properties("other", "max")
-    assert not s.set_search_properties("m", "min")
+    # Ray's rule: a metric or mode the scheduler has is never given again, even the same.
+    assert not s.set_search_properties("m", "max")
+    assert not s.set_search_properties("m", None)
+    assert not s.set_search_properties(None, "max")
     assert s.set_search_properties(None, None)
+    assert (s.metric, s.mode) == ("m", "max")
+    half = cls(metric="m")
+    assert half.set_search_properties(None, "min") and (half.metric, half.mode) == ("m", "min")
 
 
 def test_metric_needed_and_missing_keys_named():

@@ -232,7 +232,7 @@ def test_search_generator_errors():
         SearchGenerator(ListSearcher([])).set_search_properties(
             None, None, {"g": sp.grid_search([1])}
         )
-    with pytest.raises(ValueError, match="metric='acc' contradicts.*'loss'"):
+    with pytest.raises(ValueError, match="metric='acc'.*contradicts.*metric='loss'"):
         SearchGenerator(ListSearcher([], "loss", "min")).set_search_properties("acc", "max", {})
     gen = SearchGenerator(ListSearcher([{"a": 1}]), 1)
     gen.set_search_properties(None, None, {"b": sp.uniform(0, 1)})

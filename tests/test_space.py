@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import optuna
 import pytest
 
 from dasktune import space as sp
@@ -225,51 +224,6 @@ def test_flatten_unflatten():
 
 
 # -- Optuna translation ---------------------------------------------------------------
-
-
-def test_to_optuna_every_domain():
-    od = optuna.distributions
-    space = {
-        "u": sp.uniform(0, 1),
-        "qu": sp.quniform(0, 1, 0.25),
-        "lu": sp.loguniform(1e-4, 1e-1),
-        "ri": sp.randint(1, 10),
-        "qri": sp.qrandint(1, 10, 3),
-        "lri": sp.lograndint(1, 100),
-        "qlri1": sp.qlograndint(1, 100, 1),
-        "ch": sp.choice(["a", "b"]),
-        "model": {"depth": sp.randint(2, 5), "name": "mlp"},
-        "const": 7,
-    }
-    dists, constants = sp.to_optuna_distributions(space)
-    assert dists["u"] == od.FloatDistribution(0, 1)
-    assert dists["qu"] == od.FloatDistribution(0, 1, step=0.25)
-    assert dists["lu"] == od.FloatDistribution(1e-4, 1e-1, log=True)
-    assert dists["ri"] == od.IntDistribution(1, 9)  # randint upper is exclusive
-    assert dists["qri"] == od.IntDistribution(3, 9, step=3)  # same values as qrandint
-    assert dists["lri"] == od.IntDistribution(1, 99, log=True)
-    assert dists["qlri1"] == od.IntDistribution(1, 100, log=True)
-    assert dists["ch"] == od.CategoricalDistribution(["a", "b"])
-    assert dists["model/depth"] == od.IntDistribution(2, 4)
-    assert constants == {"model/name": "mlp", "const": 7}
-    with pytest.warns(UserWarning, match="q=0.1 is dropped"):
-        dists, _ = sp.to_optuna_distributions({"x": sp.qloguniform(0.1, 1, 0.1)})
-    assert dists["x"] == od.FloatDistribution(0.1, 1, log=True)
-    with pytest.warns(UserWarning, match="q=2 is dropped"):
-        sp.to_optuna_distributions({"x": sp.qlograndint(2, 100, 2)})
-    kept, _ = sp.to_optuna_distributions({"x": od.FloatDistribution(0, 2)})
-    assert kept["x"] == od.FloatDistribution(0, 2)
-
-
-def test_to_optuna_refusals():
-    with pytest.raises(ValueError, match="'m/g'.*grid_search.*choice.*GridSampler"):
-        sp.to_optuna_distributions({"m": {"g": sp.grid_search([1, 2])}})
-    with pytest.raises(ValueError, match="'f'.*sample_from.*define-by-run"):
-        sp.to_optuna_distributions({"f": sp.sample_from(lambda: 1)})
-    with pytest.raises(ValueError, match="'n'.*normal"):
-        sp.to_optuna_distributions({"n": sp.randn()})
-    with pytest.raises(ValueError, match="same name 'a/b'"):
-        sp.to_optuna_distributions({"a/b": sp.uniform(0, 1), "a": {"b": sp.uniform(0, 1)}})
 
 
 # -- Ray's Domain.sample(config=None, size=1, random_state=None) -------------------------

@@ -553,7 +553,7 @@ def test_large_s3_checkpoint_streams_with_bounded_memory(moto_s3_process, tmp_pa
     out = tmp_path / "out"
     with PeakRss() as restore:
         Checkpoint(path, store.fs).to_directory(str(out))
-    fetched = tmp_path / "fetched"  # the store's own download: parallel ranged GETs
+    fetched = tmp_path / "fetched"  # the store's own download
     with dask.config.set({"dasktune.storage.transfer.s3-part-size": part_mib * MiB}):
         with PeakRss() as download:
             store.download(path, str(fetched))
@@ -567,3 +567,17 @@ def test_large_s3_checkpoint_streams_with_bounded_memory(moto_s3_process, tmp_pa
     assert save.growth < 24 * MiB, f"save grew RSS by {save.growth / MiB:.1f} MiB"
     assert restore.growth < 24 * MiB, f"restore grew RSS by {restore.growth / MiB:.1f} MiB"
     assert download.growth < 24 * MiB, f"download grew RSS by {download.growth / MiB:.1f} MiB"
+
+
+def test_checkpoint_folder_names_round_trip():
+    """One home for the ``checkpoint_000003`` name: what storage writes, readers parse."""
+    from dasktune.layout import checkpoint_dir_name, checkpoint_index
+
+    assert checkpoint_dir_name(3) == "checkpoint_000003"
+    assert checkpoint_dir_name(1234567) == "checkpoint_1234567"
+    assert checkpoint_index("s3://b/exp/trial/checkpoint_000003/") == 3
+    assert checkpoint_index(checkpoint_dir_name(1234567)) == 1234567
+    for other in (".tmp_checkpoint_000001_ab12cd", "checkpoint_3", "params.json", "checkpoint_"):
+        assert checkpoint_index(other) is None
+    with pytest.raises(ValueError, match="index"):
+        checkpoint_dir_name(-1)

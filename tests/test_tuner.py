@@ -333,3 +333,24 @@ def test_impossible_resources_fail_fast(local_client, storage_path):
     with pytest.raises(ValueError, match="GPU"):
         run(tune.with_resources(quadratic, {"gpu": 1}), storage_path,
             param_space={"x": 0.0})
+
+
+def test_default_loggers_setting_and_rays_environment_variable(local_client, tmp_path,
+                                                              monkeypatch):
+    """``dasktune.default-loggers: false`` (or Ray's TUNE_DISABLE_AUTO_CALLBACK_LOGGERS=1,
+    read at each run as in Ray) leaves out result.json/progress.csv; on by default."""
+    import dask.config
+
+    def names(grid):  # the trial folder is made by the first file written into it
+        path = grid[0].path
+        return set(os.listdir(path)) if os.path.isdir(path) else set()
+
+    on = run(quadratic, str(tmp_path), name="on", param_space={"x": 1, "iters": 1})
+    assert {"result.json", "progress.csv"} <= names(on)
+    with dask.config.set({"dasktune.default-loggers": False}):
+        off = run(quadratic, str(tmp_path), name="off", param_space={"x": 1, "iters": 1})
+    assert not {"result.json", "progress.csv"} & names(off)
+    monkeypatch.setenv("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    ray_off = run(quadratic, str(tmp_path), name="ray_off", param_space={"x": 1, "iters": 1})
+    assert not {"result.json", "progress.csv"} & names(ray_off)
+    assert ray_off[0].metrics["loss"] == 1.0  # the run itself is whole

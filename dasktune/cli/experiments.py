@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from dasktune import _dask_config
 from dasktune.cli import main
 
 
@@ -49,14 +50,18 @@ def _experiments_under(path: str) -> list[tuple[Any, dict[str, Any]]]:
 
 
 @main.command("ls")
-@click.argument("path", default="~/dasktune_results")
+@click.argument("path", required=False)
 @click.option("--trials/--no-trials", default=True, help="List each experiment's trials.")
 @click.pass_context
 def ls(ctx: click.Context, path: str, trials: bool) -> None:
     """List the experiments (and their trials) under a results folder or URI.
 
+    PATH defaults to the ``dasktune.storage-path`` setting (``~/dasktune_results``).
+
     Example: dasktune ls ~/dasktune_results   |   dasktune ls s3://bucket/runs/exp
     """
+    if path is None:
+        path = str(_dask_config.get("storage-path"))
     try:
         experiments = _experiments_under(path)
     except click.ClickException as exc:  # one "error: ..." line, as every command prints

@@ -44,6 +44,8 @@ from distributed.deploy.adaptive_core import AdaptiveCore
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
+from dasktune.cluster.commands import worker_command
+
 if TYPE_CHECKING:
     from distributed import Scheduler
     from distributed.scheduler import WorkerState
@@ -205,8 +207,6 @@ class LocalWorkerPool(AdaptiveCore, SchedulerPlugin):
         return max((math.ceil(v / self.capacity[k]) for k, v in need.items()), default=0)
 
     def _spawn(self) -> None:
-        from dasktune.cluster.local import worker_command
-
         assert self.scheduler is not None
         spec, address = self.spec, self.scheduler.address
         wname = f"{spec['name']}-worker-{os.urandom(3).hex()}"

@@ -16,12 +16,13 @@ if TYPE_CHECKING:
     from distributed import Client
     from distributed.security import Security
 
-__all__ = ["ClusterProvider", "Progress", "WorkerInfo"]
+__all__ = ["ClusterProvider", "Progress", "WorkerInfo", "quiet"]
 
 Progress = Callable[[str], None]
 
 
-def _quiet(_msg: str) -> None:
+def quiet(_msg: str) -> None:
+    """The :data:`Progress` callback that prints nothing (the default)."""
     return None
 
 
@@ -48,11 +49,11 @@ class ClusterProvider(abc.ABC):
     # -- lifecycle, provider-specific -------------------------------------------------
     @abc.abstractmethod
     def up(self, *, restart_only: bool = False, timeout: float = 300.0,
-           progress: Progress = _quiet) -> dict[str, Any]:
+           progress: Progress = quiet) -> dict[str, Any]:
         """Start (or update) the cluster; return its state."""
 
     @abc.abstractmethod
-    def down(self, *, progress: Progress = _quiet) -> None:
+    def down(self, *, progress: Progress = quiet) -> None:
         """Stop everything this cluster started; remove its state."""
 
     @abc.abstractmethod
@@ -128,7 +129,7 @@ class ClusterProvider(abc.ABC):
                            memory_limit=w.get("memory_limit"))
                 for addr, w in sorted(info.items())]
 
-    def wait_for_workers(self, n: int, timeout: float, progress: Progress = _quiet) -> None:
+    def wait_for_workers(self, n: int, timeout: float, progress: Progress = quiet) -> None:
         """Block until ``n`` workers joined, reporting each change; bounded by ``timeout``."""
         deadline = time.monotonic() + timeout
         seen = -1

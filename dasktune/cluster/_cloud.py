@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dasktune.cluster._base import ClusterProvider, Progress, _quiet
+from dasktune.cluster._base import ClusterProvider, Progress, quiet
 
 if TYPE_CHECKING:
     from distributed.security import Security
@@ -70,7 +70,7 @@ class CloudProvider(ClusterProvider):
 
     # -- lifecycle --------------------------------------------------------------------
     def up(self, *, restart_only: bool = False, timeout: float = 600.0,
-           progress: Progress = _quiet) -> dict[str, Any]:
+           progress: Progress = quiet) -> dict[str, Any]:
         if restart_only:
             state = self.state.read()
             with self.connect() as client:
@@ -193,7 +193,7 @@ class CloudProvider(ClusterProvider):
                         tls_scheduler_cert=cert, tls_scheduler_key=key,
                         tls_worker_cert=cert, tls_worker_key=key)
 
-    def down(self, *, progress: Progress = _quiet) -> None:
+    def down(self, *, progress: Progress = quiet) -> None:
         ids = self.instances()
         if ids:
             progress(f"terminating {len(ids)} instance(s): {', '.join(ids)}")

@@ -25,21 +25,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dasktune.cluster._base import ClusterProvider, Progress, _quiet
+from dasktune.cluster._adaptive import stop_pool
+from dasktune.cluster._base import ClusterProvider, Progress, quiet
+from dasktune.cluster.commands import dasktune_command, worker_command
 
 __all__ = ["LocalProvider", "process_alive", "stop_processes", "worker_command"]
-
-
-def worker_command(address: str, *, nthreads: int, name: str,
-                   resources: dict[str, float], extra: Sequence[str] = ()) -> list[str]:
-    """The one place that says how a local worker is started (``dasktune worker``).
-
-    No nanny: one PID per worker, so ``kill-random-worker --hard`` kills the worker itself.
-    """
-    res = ",".join(f"{k}={v:g}" for k, v in {"CPU": nthreads, **resources}.items())
-    return [sys.executable, "-c", "from dasktune.cli import main; main()", "worker", address,
-            "--nthreads", str(nthreads), "--resources", res, "--name", name,
-            "--no-nanny", "--no-dashboard", "--host", "127.0.0.1", *extra]
 
 
 def _adapt_interval() -> float:
@@ -136,7 +126,7 @@ class LocalProvider(ClusterProvider):
                                     sec.tls_scheduler_key)
 
     def up(self, *, restart_only: bool = False, timeout: float = 120.0,
-           progress: Progress = _quiet) -> dict[str, Any]:
+           progress: Progress = quiet) -> dict[str, Any]:
         old: dict[str, Any] = {}
         if self.state.exists():
             old = self.state.read()
@@ -236,8 +226,6 @@ class LocalProvider(ClusterProvider):
         sched = [r for r in procs if r["role"] == "scheduler"]
         if not (self._pool_records.exists() and sched and all(process_alive(r) for r in sched)):
             return procs + self._pool_workers()
-        from dasktune.cluster._adaptive import stop_pool
-
         try:
             with self.connect(timeout=5.0) as client:
                 client.run_on_scheduler(stop_pool)
@@ -288,7 +276,7 @@ class LocalProvider(ClusterProvider):
             time.sleep(0.05)
         raise TimeoutError(f"the scheduler did not start within {timeout:.0f}s; see {rec['log']}")
 
-    def down(self, *, progress: Progress = _quiet) -> None:
+    def down(self, *, progress: Progress = quiet) -> None:
         if not self.state.exists():
             progress(f"cluster {self.name!r} is not up; nothing to do")
             return
@@ -325,8 +313,7 @@ class LocalProvider(ClusterProvider):
         if not detach:
             return subprocess.call(argv, env={**os.environ, **env}), None
         if then_down:
-            down = [sys.executable, "-c", "from dasktune.cli import main; main()", "down",
-                    "-y", "--name", self.name, self._config_path()]
+            down = dasktune_command("down", "-y", "--name", self.name, self._config_path())
             argv = ["/bin/sh", "-c", f"{shlex.join(argv)}; {shlex.join(down)}"]
         job = f"job-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
         rec = self._spawn(argv, "job", f"{job}.log", env=env)

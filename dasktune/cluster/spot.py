@@ -22,7 +22,7 @@ from dasktune.cluster.retire import retire_gracefully
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SpotInterruptionPlugin", "notice_url"]
+__all__ = ["SpotInterruptionPlugin", "notice_url", "read_notice"]
 
 _URLS = {
     "aws": "http://169.254.169.254/latest/meta-data/spot/instance-action",
@@ -56,7 +56,7 @@ def _imds_token(url: str, timeout: float) -> str | None:
         return None
 
 
-def _read_notice(url: str, provider: str, timeout: float) -> bool:
+def read_notice(url: str, provider: str, timeout: float) -> bool:
     """Whether the metadata server currently announces an interruption (blocking)."""
     if provider == "gcp":
         headers = {"Metadata-Flavor": "Google"}
@@ -103,7 +103,7 @@ class SpotInterruptionPlugin(WorkerPlugin):
         timeout = min(2.0, self.interval)
         while True:
             noticed = await loop.run_in_executor(
-                None, _read_notice, self.url, self.provider, timeout)
+                None, read_notice, self.url, self.provider, timeout)
             if noticed:
                 break
             await asyncio.sleep(self.interval)

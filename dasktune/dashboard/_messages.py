@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dasktune.dashboard._redact import finite_number, jsonable, strip_uri
+from dasktune.metric_mode import check_mode
 
 if TYPE_CHECKING:
     from dasktune.trial import Trial
@@ -29,7 +30,6 @@ TOPIC = "dasktune"
 EXPERIMENT = "experiment"
 TRIALS = "trials"
 RESULTS = "results"
-MODES = (None, "min", "max")
 
 RUNNING = "RUNNING"
 FINISHED = "FINISHED"
@@ -39,8 +39,7 @@ def check_metric_mode(metric: Any, mode: Any) -> None:
     """Raise a clear error for a metric that is not a string or a mode not min/max."""
     if metric is not None and not isinstance(metric, str):
         raise TypeError(f"experiment metric must be a str or None, got {type(metric).__name__}")
-    if mode not in MODES:
-        raise ValueError(f"experiment mode must be 'min', 'max' or None, got {mode!r}")
+    check_mode(mode, "experiment")
 
 
 def better(a: float, b: float | None, mode: str | None) -> bool:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from dasktune.checkpoint import Checkpoint
 from dasktune.execution import Report
+from dasktune.layout import checkpoint_index
 
 if TYPE_CHECKING:
     from dasktune.callback import Callback
@@ -136,13 +137,8 @@ class CheckpointBook:
     @staticmethod
     def next_index(trial: Trial) -> int:
         """The index of ``trial``'s next checkpoint folder."""
-        best = -1
-        for info in trial.checkpoints:
-            try:
-                best = max(best, int(info["path"].rsplit("_", 1)[-1]))
-            except ValueError:
-                pass
-        return best + 1
+        indices = (checkpoint_index(info["path"]) for info in trial.checkpoints)
+        return max((i for i in indices if i is not None), default=-1) + 1
 
     # ------------------------------------------------------------- retention
     def unpin_restore(self, trial: Trial) -> None:

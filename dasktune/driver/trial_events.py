@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from dasktune.driver.decisions import Continue, Pause, Stop, Verdict, Winding, decide
 from dasktune.execution import EventKind, ExecEvent, Report
-from dasktune.result import EARLY_STOPPED, SHOULD_CHECKPOINT, reported_keys
-from dasktune.results import AUTO_RESULT_KEYS, TuneError
+from dasktune.result import AUTO_RESULT_KEYS, EARLY_STOPPED, SHOULD_CHECKPOINT, reported_keys
+from dasktune.results import TuneError
 from dasktune.schedulers import Exploit, Reconfigure
 from dasktune.trainable import is_class_trainable
 from dasktune.trial import ERROR, PAUSED, PENDING, RUNNING, TERMINATED, Placement, Trial

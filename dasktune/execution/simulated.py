@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 from dasktune.attempt import checkpoint_due
 from dasktune.execution.protocol import EventKind, ExecEvent, Report
+from dasktune.layout import checkpoint_dir_name
+from dasktune.result import fill_auto_fields
 from dasktune.session import stop_dict_hit
 
 if TYPE_CHECKING:
@@ -438,7 +440,7 @@ class SimulatedExecutor:
         self._push(self.now + d, _ITER, run.spec.trial_id, run.token)
 
     def _checkpoint(self, run: _SimRun) -> str:
-        path = f"{run.spec.trial_path}/checkpoint_{run.ckpt_index:06d}"
+        path = f"{run.spec.trial_path}/{checkpoint_dir_name(run.ckpt_index)}"
         run.ckpt_index += 1
         self._ckpt_meta[path] = (run.iteration, run.time_total)
         return path
@@ -446,15 +448,15 @@ class SimulatedExecutor:
     def _result(self, run: _SimRun, metrics: dict[str, Any], duration: float) -> dict[str, Any]:
         spec = run.spec
         wall = _EPOCH + self.now
-        result = dict(metrics)
-        result.setdefault("done", False)
-        result.update(
+        return fill_auto_fields(
+            metrics,
             training_iteration=run.iteration,
             iterations_since_restore=run.since_restore,
-            time_this_iter_s=result.get("time_this_iter_s", duration),
+            time_this_iter_s=duration,
             time_total_s=run.time_total,
             time_since_restore=run.time_since_restore,
-            timestamp=int(wall),
+            timestamp=wall,
+            # Virtual time: UTC, so a simulation's dates do not depend on the machine's zone.
             date=time.strftime("%Y-%m-%d_%H-%M-%S", time.gmtime(wall)),
             trial_id=spec.trial_id,
             experiment_tag=spec.experiment_tag,
@@ -464,4 +466,3 @@ class SimulatedExecutor:
             worker=run.worker,
             config=spec.config,
         )
-        return result

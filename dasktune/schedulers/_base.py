@@ -34,6 +34,7 @@ import pickle
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from dasktune.metric_mode import check_mode, merge_search_properties
 from dasktune.result import reported_keys
 from dasktune.trial import PAUSED, PENDING
 
@@ -115,12 +116,6 @@ class Reconfigure:
     resources: dict[str, float] | None = None
 
 
-def check_mode(mode: Any, where: str) -> None:
-    """Raise ValueError unless ``mode`` is None, ``"min"`` or ``"max"``."""
-    if mode not in (None, "min", "max"):
-        raise ValueError(f"{where}: mode must be 'min' or 'max', got {mode!r}")
-
-
 def result_value(result: dict[str, Any], key: str, trial: Trial, where: str) -> Any:
     """``result[key]``, or a ValueError naming the key, the trial and the reported keys."""
     try:
@@ -179,18 +174,17 @@ class TrialScheduler:
     def set_search_properties(self, metric: str | None, mode: str | None, **spec: Any) -> bool:
         """Take metric and mode from ``TuneConfig`` where this scheduler has none.
 
-        Returns False when the scheduler already has a different metric or mode (the driver
-        then raises). ``spec`` carries extra keywords; unknown ones are ignored.
+        Returns False, as Ray's schedulers do, when the scheduler already has a metric
+        and ``metric`` is given too, or a mode and ``mode`` is given too, even the same
+        one: they are set in one place (the driver then raises). ``spec`` carries extra
+        keywords; unknown ones are ignored.
         """
         check_mode(mode, type(self).__name__)
-        if self._metric is not None and metric is not None and metric != self._metric:
+        merged = merge_search_properties((self._metric, self._mode), (metric, mode),
+                                         refuse_twice=True)
+        if merged is None:
             return False
-        if self._mode is not None and mode is not None and mode != self._mode:
-            return False
-        if metric is not None:
-            self._metric = metric
-        if mode is not None:
-            self._mode = mode
+        self._metric, self._mode = merged
         return True
 
     def _require_metric(self, where: str = "") -> None:

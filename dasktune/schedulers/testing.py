@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dasktune.layout import checkpoint_dir_name, checkpoint_index
 from dasktune.schedulers._base import Exploit, Reconfigure, TrialScheduler
 from dasktune.trial import ERROR, PAUSED, PENDING, RUNNING, TERMINATED, Trial
 
@@ -131,7 +132,7 @@ class SimulatedRun:
         result.update(training_iteration=it, time_total_s=it * self.seconds_per_iter,
                       trial_id=tid)
         if it % self.checkpoint_every == 0:
-            trial.checkpoint = f"sim/{tid}/checkpoint_{it}"
+            trial.checkpoint = f"sim/{tid}/{checkpoint_dir_name(it)}"
         trial.update_last_result(result)
         decision = self.scheduler.on_trial_result(self.ctx, trial, result)
         self.events.append(("result", tid, it, decision))
@@ -142,7 +143,7 @@ class SimulatedRun:
         if decision in (TrialScheduler.CONTINUE, TrialScheduler.NOOP, None):
             return
         if decision == TrialScheduler.PAUSE or isinstance(decision, Reconfigure):
-            trial.checkpoint = f"sim/{tid}/checkpoint_{it}"
+            trial.checkpoint = f"sim/{tid}/{checkpoint_dir_name(it)}"
             trial.set_status(PAUSED)
             if isinstance(decision, Reconfigure):
                 trial.config = dict(decision.config or trial.config)
@@ -185,4 +186,7 @@ class SimulatedRun:
 def _ckpt_iteration(path: str | None) -> int:
     if not path:
         return 0
-    return int(path.rsplit("_", 1)[-1])
+    index = checkpoint_index(path)
+    if index is None:
+        raise ValueError(f"not a checkpoint folder: {path!r}")
+    return index

@@ -22,27 +22,12 @@ from typing import Any
 
 import cloudpickle
 
+from dasktune.metric_mode import check_metric_mode, merge_search_properties
+
 __all__ = ["SearchAlgorithm", "Searcher", "Suggestion"]
 
 _STATE_FILE = "searcher-state-{}.pkl"  # Ray's file name, so a Ray user finds it
 _UID = re.compile(r"^[0-9a-f]{8}$")
-
-
-def check_metric_mode(metric: Any, mode: Any, where: str) -> None:
-    """Raise ValueError unless metric/mode are None, a str and "min"/"max", or equal-length lists."""
-    modes = mode if isinstance(mode, (list, tuple)) else [mode]
-    for m in modes:
-        if m not in (None, "min", "max"):
-            raise ValueError(f"{where}: mode must be 'min' or 'max', got {m!r}")
-    if metric is None or mode is None:
-        return
-    if isinstance(metric, (list, tuple)) != isinstance(mode, (list, tuple)) or (
-        isinstance(mode, (list, tuple)) and len(metric) != len(mode)
-    ):
-        raise ValueError(
-            f"{where}: metric and mode must both be strings, or lists of the same length, got "
-            f"metric={metric!r} mode={mode!r}"
-        )
 
 
 class Searcher:
@@ -80,14 +65,11 @@ class Searcher:
         ``spec`` carries extra keywords such as ``num_samples``; unknown ones are ignored.
         """
         check_metric_mode(metric, mode, type(self).__name__)
-        if metric is not None and self._metric is not None and metric != self._metric:
+        merged = merge_search_properties((self._metric, self._mode), (metric, mode),
+                                         refuse_twice=False)
+        if merged is None:
             return False
-        if mode is not None and self._mode is not None and mode != self._mode:
-            return False
-        if metric is not None:
-            self._metric = metric
-        if mode is not None:
-            self._mode = mode
+        self._metric, self._mode = merged
         return True
 
     def set_max_concurrency(self, max_concurrent: int) -> bool:

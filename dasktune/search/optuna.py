@@ -29,6 +29,7 @@ from optuna.trial import TrialState
 from dasktune import space as sp
 from dasktune.search._base import Searcher
 from dasktune.search._inflight_tpe import InFlightTPESampler
+from dasktune.search.optuna_space import optuna_plan
 
 __all__ = ["InFlightTPESampler", "OptunaSearch"]
 
@@ -127,6 +128,15 @@ class OptunaSearch(Searcher):
 
     # -- space ------------------------------------------------------------------------
 
+    @staticmethod
+    def convert_search_space(spec: dict) -> dict[str, BaseDistribution]:
+        """A param space as Optuna distributions keyed by ``"/"``-joined paths (Ray's).
+
+        Constants are left out; ``grid_search``, ``sample_from`` and ``randn`` raise a
+        ValueError naming the parameter.
+        """
+        return optuna_plan(spec)[0]
+
     @property
     def _has_space(self) -> bool:
         return self._func is not None or self._dists is not None
@@ -140,7 +150,7 @@ class OptunaSearch(Searcher):
                 "OptunaSearch space must be a dict (param space or Optuna distributions) or a "
                 f"define-by-run function, got {type(space).__name__}"
             )
-        dists, paths, _ = sp.optuna_plan(space)
+        dists, paths, _ = optuna_plan(space)
         if dists:  # constants alone are no search space
             self._dists, self._paths, self._template = dists, paths, dict(space)
 

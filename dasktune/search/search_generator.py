@@ -24,6 +24,7 @@ from typing import Any
 
 from dasktune import _dask_config
 from dasktune import space as sp
+from dasktune.metric_mode import merge_search_properties
 from dasktune.search._base import (
     SearchAlgorithm,
     Searcher,
@@ -86,15 +87,13 @@ class SearchGenerator(SearchAlgorithm):
         sp.validate_param_space(config)
         if not self._explicit_samples and "num_samples" in spec:
             self._num_samples = check_num_samples(spec["num_samples"], "SearchGenerator")
-        for name, given, own in (
-            ("metric", metric, self.searcher.metric),
-            ("mode", mode, self.searcher.mode),
-        ):
-            if given is not None and own is not None and given != own:
-                raise ValueError(
-                    f"TuneConfig {name}={given!r} contradicts the searcher's own "
-                    f"{name}={own!r} ({type(self.searcher).__name__}); set it in one place"
-                )
+        own = (self.searcher.metric, self.searcher.mode)
+        if merge_search_properties(own, (metric, mode), refuse_twice=False) is None:
+            raise ValueError(
+                f"TuneConfig(metric={metric!r}, mode={mode!r}) contradicts the searcher's own "
+                f"metric={own[0]!r}, mode={own[1]!r} ({type(self.searcher).__name__}); set "
+                "them in one place"
+            )
         accepted = self.searcher.set_search_properties(metric, mode, dict(config), **spec)
         unresolved = [
             sp.path_str(p)
