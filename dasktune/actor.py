@@ -34,7 +34,7 @@ from dasktune import _dask_config, isolation, scratch
 from dasktune.checkpoint import Checkpoint
 from dasktune.result import SHOULD_CHECKPOINT
 from dasktune.session import StopTrial, TrialSession, TrialSpec, _bind
-from dasktune.trainable import is_class_trainable
+from dasktune.trainable import is_class_trainable, run_function
 
 _MAX_BATCH = 1000
 _LINGER = 0.002
@@ -408,9 +408,7 @@ class TrialActor:
 
     def _run_function(self, session: TrialSession) -> None:
         config = copy.deepcopy(self.spec.config)
-        out = self.spec.trainable(config, **self._params)
-        if isinstance(out, dict):  # Ray: a returned dict is the final result
-            session.report(out)
+        run_function(self.spec.trainable, config, self._params, session.report)
 
     def _run_class(self, session: TrialSession) -> None:
         spec = self.spec
