@@ -255,7 +255,8 @@ class RunConfig:
     """Where results go and when trials stop (Ray's ``tune.RunConfig``).
 
     ``storage_path`` is any fsspec URL or local path (default ``~/dasktune_results``);
-    ``storage_filesystem`` an ``fsspec`` filesystem to use for it, or ``storage_options``
+    ``storage_filesystem`` an ``fsspec`` filesystem (or a ``pyarrow.fs.FileSystem``, as
+    Ray takes) to use for it, or ``storage_options``
     the keyword arguments to build one (e.g. an S3 ``endpoint_url``).
     ``progress_reporter``: a ``tune.CLIReporter`` / ``tune.JupyterNotebookReporter`` (or
     a ``tune.ProgressReporter`` subclass) in place of the default table; ``verbose=0``
