@@ -16,6 +16,8 @@ import os
 import posixpath
 from typing import TYPE_CHECKING, Any
 
+import fsspec
+
 from dasktune.experiment import read_state
 from dasktune.logger import flatten_dict
 from dasktune.result import DEFAULT_METRIC, TRAINING_ITERATION
@@ -53,6 +55,8 @@ class ExperimentAnalysis:
         if default_mode and default_mode not in ("min", "max"):
             raise ValueError("`default_mode` has to be None or one of [min, max]")
         path = os.fspath(experiment_checkpoint_path)
+        if storage_filesystem is not None:  # a path on that filesystem, its scheme dropped
+            path = fsspec.core.split_protocol(path)[1]
         if path.endswith(".json"):
             path = path.rsplit("/", 1)[0]
         self._storage = ExperimentStorage.from_experiment_path(

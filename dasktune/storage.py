@@ -403,11 +403,14 @@ def put_files(fs: fsspec.AbstractFileSystem, lpaths: list[str], rpaths: list[str
 
 
 def as_fsspec(filesystem: Any) -> fsspec.AbstractFileSystem:
-    """An fsspec filesystem for a ``storage_filesystem`` argument: fsspec's as it is,
-    a ``pyarrow.fs.FileSystem`` (what Ray takes) wrapped by fsspec's ``ArrowFSWrapper``."""
+    """An fsspec filesystem for a ``storage_filesystem`` argument: fsspec's as it is, a
+    ``pyarrow.fs.FileSystem`` (what Ray takes) wrapped by fsspec's ``ArrowFSWrapper``
+    (pyarrow's local one is the local disk: fsspec's own)."""
     if isinstance(filesystem, fsspec.AbstractFileSystem):
         return filesystem
     pa_fs = sys.modules.get("pyarrow.fs")  # a pyarrow filesystem means pyarrow is loaded
+    if pa_fs is not None and isinstance(filesystem, pa_fs.LocalFileSystem):
+        return LocalFileSystem()  # the same disk: keeps the local store's fast paths
     if pa_fs is not None and isinstance(filesystem, pa_fs.FileSystem):
         from fsspec.implementations.arrow import ArrowFSWrapper
 

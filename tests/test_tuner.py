@@ -400,8 +400,12 @@ def test_can_restore_once_constructed_with_a_path_or_a_filesystem(local_client, 
 
 
 def test_pyarrow_filesystem_runs_and_restores(local_client, storage_path):
+    # Ray takes a pyarrow filesystem: one that is not the local disk goes through fsspec's
+    # ArrowFSWrapper (workers write through it); pyarrow's LocalFileSystem is the disk.
     pafs = pytest.importorskip("pyarrow.fs")
-    fs = pafs.LocalFileSystem()
+    import fsspec
+
+    fs = pafs.PyFileSystem(pafs.FSSpecHandler(fsspec.filesystem("file")))
     rc = tune.RunConfig(name="arrow", storage_path=storage_path, storage_filesystem=fs,
                         verbose=0)
     results = tune.Tuner(checkpointing, param_space={"lr": 1.0, "iters": 3},
@@ -412,11 +416,7 @@ def test_pyarrow_filesystem_runs_and_restores(local_client, storage_path):
     exp = os.path.join(storage_path, "arrow")
     assert os.path.exists(os.path.join(exp, "experiment_state.json"))
     assert tune.Tuner.can_restore(exp, storage_filesystem=fs)
-    # pyarrow's wrapper of an fsspec filesystem is a pyarrow filesystem too
-    import fsspec
-
-    wrapped = pafs.PyFileSystem(pafs.FSSpecHandler(fsspec.filesystem("file")))
-    assert tune.Tuner.can_restore(exp, storage_filesystem=wrapped)
+    assert tune.Tuner.can_restore(exp, storage_filesystem=pafs.LocalFileSystem())
     again = tune.Tuner.restore(exp, checkpointing, storage_filesystem=fs).fit()
     assert again.num_terminated == 1 and again[0].metrics["score"] == 2.0
     with pytest.raises(TypeError, match="storage_filesystem must be an fsspec filesystem or"):
