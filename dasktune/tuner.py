@@ -43,6 +43,9 @@ class Tuner:
             (``tune.uniform(...)``) and ``tune.grid_search([...])``, nested freely.
         tune_config: what to optimise and how many trials.
         run_config: where results go, when trials stop, failure handling.
+
+    Constructing a Tuner creates the experiment's folder and writes its ``tuner.pkl``
+    (as Ray does), so :meth:`can_restore` is True for it from then on.
     """
 
     def __init__(self, trainable: Any = None, *, param_space: Mapping[str, Any] | None = None,
