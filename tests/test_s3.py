@@ -130,11 +130,14 @@ def test_s3_layout_retention_readback_and_restore(cluster, moto_s3, tmp_path):
     assert again.num_terminated == 2
     assert [x["training_iteration"] for x in result_lines(fs, best.path)] == [1, 2, 3, 4]
 
-    # A process that did not run the experiment reads it (the cluster may be gone).
+    # A process that did not run the experiment reads it (the cluster may be gone); as
+    # in Ray, restore is given a trainable of the original's name.
     script = f"""
 import json, s3fs, dasktune as tune
+def counting(config):
+    pass
 fs = s3fs.S3FileSystem(**{s3_options(moto_s3.endpoint)!r})
-grid = tune.Tuner.restore({uri!r}, trainable=lambda c: None, storage_filesystem=fs).get_results()
+grid = tune.Tuner.restore({uri!r}, trainable=counting, storage_filesystem=fs).get_results()
 best = grid.get_best_result()
 with best.checkpoint.as_directory() as d:
     state = json.load(open(d + "/state.json"))
