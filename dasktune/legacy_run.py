@@ -208,7 +208,10 @@ def run(
             tuner = Tuner.restore(path, trainable, storage_filesystem=storage_filesystem,
                                   storage_options=storage_options, **flags)
     if tuner is None:
-        if flags is not None:
+        if flags is not None and not name:
+            logger.warning("tune.run(resume=%r) without a `name` starts a new experiment "
+                           "(the default name is new each time)", resume)
+        elif flags is not None:
             logger.info("No experiment to resume at %s/%s: starting a new one",
                         run_config.resolved_storage_path, name)
         tuner = Tuner(trainable, param_space=config, tune_config=tune_config,
