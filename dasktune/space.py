@@ -430,6 +430,11 @@ class Function(Domain):
                 ) from exc
             self.pass_config = False
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if "pass_spec" in state:  # pickled by an earlier dasktune (an experiment's tuner.pkl)
+            state["pass_config"] = state.pop("pass_spec")
+        self.__dict__.update(state)
+
     def _draw(self, rng: np.random.Generator, spec: Any = None) -> Any:
         """``spec`` is the resolved config (a dict), as in Ray's ``Domain.sample(config)``."""
         if not self.pass_config:
