@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import importlib
-from types import ModuleType
+from typing import Any
 
 from dasktune import _dask_config  # noqa: F401  (registers the dasktune: config section)
 from dasktune.callback import Callback
@@ -49,29 +49,37 @@ __version__ = "0.1.0"
 # Ray's submodules reached as attributes (``tune.schedulers.ASHAScheduler``) without
 # ``import dasktune.schedulers``: imported on first use, so ``import dasktune`` stays light.
 _SUBMODULES = frozenset({
-    "callback", "checkpoint", "experiment", "logger", "progress", "result", "results",
-    "registry", "schedulers", "search", "stopper", "trainable", "tuner", "utils",
+    "analysis", "callback", "checkpoint", "experiment", "logger", "progress", "result",
+    "results", "registry", "schedulers", "search", "stopper", "trainable", "tuner", "utils",
 })
+# Ray's legacy API (``tune.run``, ``tune.ExperimentAnalysis``), loaded on first use: it
+# brings the searchers and schedulers along.
+_LAZY = {"run": "dasktune.legacy_run", "ExperimentAnalysis": "dasktune.analysis"}
 
 
-def __getattr__(name: str) -> ModuleType:
+def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
         module = importlib.import_module(f"dasktune.{name}")
         globals()[name] = module
         return module
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'dasktune' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | _SUBMODULES)
+    return sorted(set(globals()) | _SUBMODULES | set(_LAZY))
 
 __all__ = [
-    "CLIReporter", "Callback", "Checkpoint", "CheckpointConfig", "FailureConfig",
+    "CLIReporter", "Callback", "Checkpoint", "CheckpointConfig", "ExperimentAnalysis",
+    "FailureConfig",
     "JupyterNotebookReporter", "PlacementGroupFactory", "ProgressReporter", "Result",
     "ResultGrid", "RunConfig", "Stopper", "SyncConfig", "Trainable", "TuneConfig", "TuneError",
     "Tuner", "choice",
     "get_checkpoint", "get_context", "grid_search", "init", "is_initialized", "lograndint",
     "loguniform", "qlograndint", "qloguniform", "qrandint", "qrandn", "quniform", "randint",
-    "randn", "register_trainable", "report", "sample_from", "shutdown", "uniform", "with_parameters",
+    "randn", "register_trainable", "report", "run", "sample_from", "shutdown", "uniform", "with_parameters",
     "with_resources",
 ]

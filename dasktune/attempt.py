@@ -28,7 +28,7 @@ from dasktune import scratch
 from dasktune.checkpoint import Checkpoint
 from dasktune.result import SHOULD_CHECKPOINT
 from dasktune.session import StopTrial, TrialSession, bind_session
-from dasktune.trainable import is_class_trainable
+from dasktune.trainable import is_class_trainable, run_function
 
 if TYPE_CHECKING:
     from dasktune.session import TrialSpec
@@ -118,9 +118,8 @@ class Attempt:
 
     def _run_function(self, session: TrialSession) -> None:
         config = copy.deepcopy(self.spec.config)
-        out = self.spec.trainable(config, **self.params)
-        if isinstance(out, dict):  # Ray: a returned dict is the final result
-            session.report(out)
+        # Ray's handling of what it returns or yields: a dict is a result, a number _metric.
+        run_function(self.spec.trainable, config, self.params, session.report)
 
     def _run_class(self, session: TrialSession, kept: Any) -> Any:
         """The class API's loop; returns the instance to keep (``reuse_instance``)."""

@@ -53,10 +53,13 @@ class TuneConfig:
             raise ValueError(
                 f"TuneConfig: num_samples must be >= 1 (or -1 for unlimited), got {self.num_samples}"
             )
-        if self.max_concurrent_trials is not None and self.max_concurrent_trials < 1:
-            raise ValueError(
-                f"TuneConfig: max_concurrent_trials must be >= 1, got {self.max_concurrent_trials}"
-            )
+        if self.max_concurrent_trials is not None:
+            if not isinstance(self.max_concurrent_trials, int) or \
+                    isinstance(self.max_concurrent_trials, bool) or self.max_concurrent_trials < 0:
+                raise ValueError("TuneConfig: max_concurrent_trials must be an int >= 0 (0: no "
+                                 f"limit), got {self.max_concurrent_trials!r}")
+            if self.max_concurrent_trials == 0:  # Ray: None or 0 means no limit
+                self.max_concurrent_trials = None
         if isinstance(self.time_budget_s, datetime.timedelta):  # Ray accepts one
             self.time_budget_s = self.time_budget_s.total_seconds()
         if self.time_budget_s is not None and self.time_budget_s <= 0:
@@ -242,7 +245,8 @@ class RunConfig:
 
     ``storage_path`` is any fsspec URL or local path (default: the ``dasktune.storage-path``
     setting of ``dask.config``, ``~/dasktune_results`` as shipped);
-    ``storage_filesystem`` an ``fsspec`` filesystem to use for it, or ``storage_options``
+    ``storage_filesystem`` an ``fsspec`` filesystem (or a ``pyarrow.fs.FileSystem``, as
+    Ray takes) to use for it, or ``storage_options``
     the keyword arguments to build one (e.g. an S3 ``endpoint_url``).
     ``progress_reporter``: a ``tune.CLIReporter`` / ``tune.JupyterNotebookReporter`` (or
     a ``tune.ProgressReporter`` subclass) in place of the default table; ``verbose=0``

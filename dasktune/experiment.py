@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 
 from dasktune.results import ResultGrid, read_result_json
+from dasktune.stopper import Stopper
 from dasktune.storage import SEARCHER_STATE_FILE, STATE_FILE, TUNER_FILE, ExperimentStorage
 from dasktune.trial import ERROR, FINISHED, PAUSED, PENDING, RUNNING, TERMINATED, Trial
 
@@ -103,6 +104,9 @@ class StateWriter:
                 "search_alg": controller.search_alg.get_state(),
                 "scheduler": controller.scheduler.get_state()
                 if hasattr(controller.scheduler, "get_state") else None,
+                # A user's Stopper carries state (a TimeoutStopper's budget left).
+                "stopper": self.run_config.stop
+                if isinstance(self.run_config.stop, Stopper) else None,
             })
         except Exception as exc:  # noqa: BLE001 - keep saving the trials regardless
             if not self._warned:
@@ -197,6 +201,7 @@ class RestoredExperiment:
     scheduler: TrialScheduler
     uid: str
     saved_trials: list[Trial] | None = None
+    trainable_name: str | None = None
 
     def result_grid(self) -> ResultGrid:
         """The results as saved (before any resume/restart decision)."""
@@ -224,9 +229,9 @@ def can_restore(path: str, storage_filesystem: Any = None,
 
 
 def _holds_experiment(storage: ExperimentStorage) -> bool:
+    # As Ray: restorable once a Tuner was constructed there (tuner.pkl), before any state.
     try:
-        return storage.exists(storage.path(STATE_FILE)) and storage.exists(
-            storage.path(TUNER_FILE))
+        return storage.exists(storage.path(TUNER_FILE))
     except Exception:  # noqa: BLE001 - unreachable or malformed: not restorable
         return False
 
@@ -259,9 +264,10 @@ def load(path: str, *, storage_filesystem: Any = None,
     storage = _open(path, storage_filesystem, storage_options)
     if not _holds_experiment(storage):
         raise ValueError(f"no restorable experiment at {storage.uri!r} "
-                         f"(expected {STATE_FILE} and {TUNER_FILE} there)")
+                         f"(expected {TUNER_FILE} there)")
     static = cloudpickle.loads(storage.read_bytes(storage.path(TUNER_FILE)))
-    state = read_state(storage)
+    # No state yet: the Tuner was constructed but never fit; it starts afresh.
+    state = read_state(storage) if storage.exists(storage.path(STATE_FILE)) else {"trials": []}
     tune_config: TuneConfig = static["tune_config"]
     run_config: RunConfig = static["run_config"]
     if storage_filesystem is not None:
@@ -286,6 +292,8 @@ def load(path: str, *, storage_filesystem: Any = None,
         search_alg.set_state(saved["search_alg"])
     if saved.get("scheduler") is not None and hasattr(scheduler, "set_state"):
         scheduler.set_state(saved["scheduler"])
+    if saved.get("stopper") is not None:  # as saved last (a TimeoutStopper's budget left)
+        run_config.stop = saved["stopper"]
     saved = [Trial.from_state(t) for t in state["trials"]]
     trials = [Trial.from_state(t) for t in state["trials"]]
     for trial in trials:
@@ -293,7 +301,8 @@ def load(path: str, *, storage_filesystem: Any = None,
     return RestoredExperiment(storage=storage, state=state, trials=trials,
                               param_space=static["param_space"], tune_config=tune_config,
                               run_config=run_config, search_alg=search_alg,
-                              scheduler=scheduler, uid=uid, saved_trials=saved)
+                              scheduler=scheduler, uid=uid, saved_trials=saved,
+                              trainable_name=static.get("trainable_name"))
 
 
 def _catch_up(trial: Trial, storage: ExperimentStorage) -> None:

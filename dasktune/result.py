@@ -21,6 +21,8 @@ MEAN_LOSS = "mean_loss"
 NODE_IP = "node_ip"
 PID = "pid"
 HOSTNAME = "hostname"
+#: The metric a number returned (or yielded) by a function trainable is reported as.
+DEFAULT_METRIC = "_metric"
 #: Return ``{SHOULD_CHECKPOINT: True}`` from ``Trainable.step`` to ask for a checkpoint now.
 SHOULD_CHECKPOINT = "should_checkpoint"
 #: Set on the result the driver passes to searchers when a scheduler stopped the trial early.

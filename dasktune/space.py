@@ -21,12 +21,15 @@ from __future__ import annotations
 import copy
 import inspect
 import itertools
+import logging
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "SEP",
@@ -121,14 +124,15 @@ class Domain:
     """
 
     sampler: str = "uniform"
+    _sampler_set = False  # whether a sampler was chosen (Ray allows one per domain)
 
     def sample(self, config: Any = None, size: int = 1, random_state: Any = None) -> Any:
         """Draw ``size`` values, as Ray's ``Domain.sample(config, size, random_state)``.
 
         Returns one value when ``size == 1``, else a list of ``size`` values.
         ``random_state`` is an int seed, a numpy ``Generator`` or ``RandomState``, or None
-        (fresh entropy); a seed gives the same draws on every call. ``config`` is the spec
-        a :func:`sample_from` function receives (``spec.config``); other domains ignore it.
+        (fresh entropy); a seed gives the same draws on every call. ``config`` is the config
+        a :func:`sample_from` function receives; other domains ignore it.
         ``sample(rng)`` with a seed or generator in first place (dasktune's older form) is
         still understood.
         """
@@ -167,6 +171,22 @@ class _Numeric(Domain):
         self.base: float = 10
         self.q: float | None = None
 
+    def _set_sampler(self, sampler: str) -> _Numeric:
+        """A copy with ``sampler`` chosen; a second choice is Ray's ValueError."""
+        if self._sampler_set:
+            raise ValueError(
+                "You can only choose one sampler for parameter domains. Existing sampler for "
+                f"parameter {type(self).__name__}: {self._sampler_name()}. Tried to add "
+                f"{sampler}"
+            )
+        new = self._copy()
+        new.sampler = sampler
+        new._sampler_set = True
+        return new
+
+    def _sampler_name(self) -> str:
+        return f"Quantized({self.sampler}, q={self.q})" if self.q is not None else self.sampler
+
     def _check_bounds(self) -> None:
         for name, bound in (("lower", self.lower), ("upper", self.upper)):
             if bound is None or not isinstance(bound, (int, float, np.number)):
@@ -186,23 +206,22 @@ class _Numeric(Domain):
 
     def uniform(self) -> _Numeric:
         """Sample uniformly between the bounds."""
-        new = self._copy()
-        new.sampler = "uniform"
+        new = self._set_sampler("uniform")
         new._check()
         return new
 
     def loguniform(self, base: float = 10) -> _Numeric:
         """Sample uniformly in log space between the bounds."""
-        new = self._copy()
-        new.sampler = "loguniform"
+        new = self._set_sampler("loguniform")
         new.base = base
         new._check()
         return new
 
     def quantized(self, q: float) -> _Numeric:
-        """Round samples to multiples of ``q``."""
+        """Round samples to multiples of ``q`` (after the sampler chosen, if any)."""
         new = self._copy()
         new.q = q
+        new._sampler_set = True  # as Ray: a sampler (the default one) is now chosen
         new._check()
         return new
 
@@ -225,8 +244,7 @@ class Float(_Numeric):
 
     def normal(self, mean: float = 0.0, sd: float = 1.0) -> Float:
         """Sample from a normal distribution (bounds are ignored)."""
-        new = self._copy()
-        new.sampler = "normal"
+        new = self._set_sampler("normal")
         new.mean, new.sd = mean, sd
         new._check()
         return new
@@ -347,8 +365,15 @@ class Categorical(Domain):
         self.categories = values
 
     def uniform(self) -> Categorical:
-        """Ray's spelling; categories are always drawn uniformly."""
-        return self
+        """Ray's spelling; categories are always drawn uniformly (chosen once, as Ray)."""
+        if self._sampler_set:
+            raise ValueError(
+                "You can only choose one sampler for parameter domains. Existing sampler for "
+                "parameter Categorical: uniform. Tried to add uniform"
+            )
+        new = copy.copy(self)
+        new._sampler_set = True
+        return new
 
     def _draw(self, rng: np.random.Generator, spec: Any = None) -> Any:
         index = int(rng.integers(len(self.categories)))
@@ -367,13 +392,17 @@ class Categorical(Domain):
 
 
 class Function(Domain):
-    """A value computed by ``func(spec)`` (or ``func()``) after the other parameters are drawn.
+    """A value computed by ``func(config)`` (or ``func()``) after the other parameters are drawn.
 
-    ``spec.config`` is the partially resolved config, readable as ``spec.config.lr`` or
-    ``spec.config["lr"]``. Reading a value that is itself still unresolved defers this one.
+    As in Ray 2.60, ``func`` is given the resolved config (grid values included), readable
+    as ``config["lr"]`` or ``config.lr``; only if that raises ``KeyError`` or
+    ``AttributeError`` is it called again with the legacy spec, ``spec.config.lr``
+    (deprecated in Ray, with a warning). Reading a value that is itself still unresolved
+    defers this one.
     """
 
     sampler = "function"
+    _warned_spec = False
 
     def __init__(self, func: Callable[..., Any]) -> None:
         if not callable(func):
@@ -381,29 +410,41 @@ class Function(Domain):
         self.func = func
         try:
             sig = inspect.signature(func)
-        except (TypeError, ValueError):  # builtins without a signature: assume func(spec)
-            self.pass_spec = True
+        except (TypeError, ValueError):  # builtins without a signature: assume func(config)
+            self.pass_config = True
             return
         try:
             sig.bind(None)
-            self.pass_spec = True
+            self.pass_config = True
         except TypeError:
             try:
                 sig.bind()
             except TypeError as exc:
                 raise ValueError(
-                    "the function given to sample_from must take 0 or 1 arguments (spec)"
+                    "the function given to sample_from must take 0 or 1 arguments (config)"
                 ) from exc
-            self.pass_spec = False
+            self.pass_config = False
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if "pass_spec" in state:  # pickled by an earlier dasktune (an experiment's tuner.pkl)
+            state["pass_config"] = state.pop("pass_spec")
+        self.__dict__.update(state)
 
     def _draw(self, rng: np.random.Generator, spec: Any = None) -> Any:
-        if not self.pass_spec:
+        """``spec`` is the resolved config (a dict), as in Ray's ``Domain.sample(config)``."""
+        if not self.pass_config:
             return self.func()
-        if spec is None:
-            spec = _AttrDict({"config": _AttrDict({})})
-        elif type(spec) is dict:  # a user's own spec ({"config": {...}}): readable as spec.config
-            spec = _AttrDict(spec)
-        return self.func(spec)
+        config = spec if isinstance(spec, _AttrDict) else _AttrDict(spec or {})
+        try:
+            return self.func(config)
+        except (AttributeError, KeyError):
+            value = self.func(_AttrDict({"config": config}))
+            if not self._warned_spec:
+                self._warned_spec = True
+                logger.warning(
+                    "sample_from functions that take a spec dict are deprecated. Please "
+                    "update your function to work with the config dict directly.")
+            return value
 
     def __repr__(self) -> str:
         return f"Function({getattr(self.func, '__qualname__', self.func)!r})"
@@ -500,7 +541,8 @@ def _as_list(values: Any, where: str, what: str) -> list[Any]:
 
 
 def sample_from(func: Callable[..., Any]) -> Function:
-    """A value computed by ``func(spec)`` from the rest of the config (``spec.config.lr``)."""
+    """A value computed by ``func(config)`` from the rest of the config (``config["lr"]``;
+    the legacy ``spec.config.lr`` form still works)."""
     return Function(func)
 
 
@@ -724,9 +766,8 @@ def resolve(
     while functions:
         deferred: list[tuple[Path, Function]] = []
         for path, func in functions:
-            spec = _AttrDict({"config": _AttrDict(config)})
             try:
-                drawn = func._draw(rng, spec)
+                drawn = func._draw(rng, _AttrDict(config))
             except _Unresolved:
                 deferred.append((path, func))
                 continue

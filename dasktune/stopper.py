@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Mapping
@@ -56,15 +57,35 @@ class MaximumIterationStopper(Stopper):
 
 
 class TimeoutStopper(Stopper):
-    """Stops the whole experiment after ``timeout`` seconds."""
+    """Stops the whole experiment after ``timeout`` seconds (a number or a ``timedelta``).
 
-    def __init__(self, timeout: float):
-        self._timeout = float(getattr(timeout, "total_seconds", lambda: timeout)())
-        self._start = time.monotonic()
+    As Ray's: the clock starts at the first ``stop_all()`` check (setup is not counted),
+    and the budget is what is left: a stopper saved with the experiment and restored
+    goes on with the time it had left, not with the time since the first start.
+    """
+
+    def __init__(self, timeout: float | datetime.timedelta):
+        if isinstance(timeout, datetime.timedelta):
+            seconds = timeout.total_seconds()
+        elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+            seconds = float(timeout)
+        else:
+            raise ValueError("`timeout` parameter has to be either a number or a "
+                             f"`datetime.timedelta` object. Found: {type(timeout)}")
+        self._timeout = seconds
+        self._budget = seconds
+        self._last_check: float | None = None
 
     def stop_all(self) -> bool:
-        """Whether the whole experiment should stop now."""
-        return time.monotonic() - self._start >= self._timeout
+        now = time.monotonic()
+        if self._last_check is not None:
+            self._budget -= now - self._last_check
+        self._last_check = now
+        return self._budget <= 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A monotonic reading means nothing in another process: the budget travels alone.
+        return dict(self.__dict__, _last_check=None)
 
 
 class TrialPlateauStopper(Stopper):

@@ -29,6 +29,7 @@ import os
 import posixpath
 import re
 import shutil
+import sys
 import tempfile
 import time
 import uuid
@@ -203,6 +204,25 @@ def put_files(fs: fsspec.AbstractFileSystem, lpaths: list[str], rpaths: list[str
         fs.put(lpaths, rpaths, **transfer_kwargs(fs, "put"))
 
 
+def as_fsspec(filesystem: Any) -> fsspec.AbstractFileSystem:
+    """An fsspec filesystem for a ``storage_filesystem`` argument: fsspec's as it is, a
+    ``pyarrow.fs.FileSystem`` (what Ray takes) wrapped by fsspec's ``ArrowFSWrapper``
+    (pyarrow's local one is the local disk: fsspec's own)."""
+    if isinstance(filesystem, fsspec.AbstractFileSystem):
+        return filesystem
+    pa_fs = sys.modules.get("pyarrow.fs")  # a pyarrow filesystem means pyarrow is loaded
+    if pa_fs is not None and isinstance(filesystem, pa_fs.LocalFileSystem):
+        return LocalFileSystem()  # the same disk: keeps the local store's fast paths
+    if pa_fs is not None and isinstance(filesystem, pa_fs.FileSystem):
+        from fsspec.implementations.arrow import ArrowFSWrapper
+
+        return ArrowFSWrapper(filesystem)
+    raise TypeError(
+        "storage_filesystem must be an fsspec filesystem or a pyarrow.fs.FileSystem, got "
+        f"{type(filesystem).__name__}"
+    )
+
+
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:
     """Whether ``fs`` is the local (or an NFS-mounted) disk of this host."""
     return isinstance(fs, LocalFileSystem)
@@ -215,7 +235,7 @@ class ExperimentStorage:
                  filesystem: fsspec.AbstractFileSystem | None = None,
                  storage_options: dict[str, Any] | None = None):
         if filesystem is not None:
-            fs = filesystem
+            fs = as_fsspec(filesystem)
             root = fs._strip_protocol(storage_path)
         else:
             if "://" not in storage_path:

@@ -16,9 +16,10 @@ import socket
 import tempfile
 import time
 from collections.abc import Callable, Mapping
+from numbers import Number
 from typing import Any
 
-from dasktune.result import fill_auto_fields
+from dasktune.result import DEFAULT_METRIC, fill_auto_fields
 from dasktune.session import node_ip
 
 RESULT_DUPLICATE = "__duplicate__"
@@ -270,6 +271,32 @@ def unwrap(trainable: Any) -> tuple[Any, dict[str, Any], Any]:
             resources = trainable.resources
         trainable = trainable.trainable
     return trainable, params, resources
+
+
+def run_function(fn: Callable[..., Any], config: dict[str, Any], params: Mapping[str, Any],
+                 report: Callable[[dict[str, Any]], None]) -> Any:
+    """Call a function trainable; what it returns (or, a generator, yields) is reported as
+    Ray 2.60 does: a dict as a result, a number as ``{"_metric": number}``, a falsy value
+    (``None``, ``0``, ``{}``) not at all; anything else is a ValueError."""
+    def handle(output: Any) -> None:
+        if not output:
+            return
+        if isinstance(output, dict):
+            report(output)
+        elif isinstance(output, Number):
+            report({DEFAULT_METRIC: output})
+        else:
+            raise ValueError("Invalid return or yield value. Either return/yield a single "
+                             "number or a dictionary object in your trainable function.")
+
+    if inspect.isgeneratorfunction(fn):
+        output = None
+        for output in fn(config, **params):
+            handle(output)
+        return output
+    output = fn(config, **params)
+    handle(output)
+    return output
 
 
 def is_class_trainable(trainable: Any) -> bool:

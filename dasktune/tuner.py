@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 from dasktune import experiment, registry, tuner_build
 from dasktune.config import RunConfig, TuneConfig
 from dasktune.results import ResultGrid
-from dasktune.space import validate_param_space
+from dasktune.space import leaves, path_str, validate_param_space
 from dasktune.storage import ExperimentStorage
 from dasktune.trainable import (
     is_class_trainable,
@@ -42,6 +43,9 @@ class Tuner:
             (``tune.uniform(...)``) and ``tune.grid_search([...])``, nested freely.
         tune_config: what to optimise and how many trials.
         run_config: where results go, when trials stop, failure handling.
+
+    Constructing a Tuner creates the experiment's folder and writes its ``tuner.pkl``
+    (as Ray does), so :meth:`can_restore` is True for it from then on.
     """
 
     def __init__(self, trainable: Any = None, *, param_space: Mapping[str, Any] | None = None,
@@ -67,7 +71,17 @@ class Tuner:
         self._restored = _restored
         self._results: ResultGrid | None = None
         if _restored is not None:
+            _check_restored_matches(_restored, self._trainable_name, param_space)
             self._results = _restored.result_grid()
+            self._name, self._uid = _restored.storage.name, _restored.uid
+        else:
+            # As Ray, the experiment's folder and tuner.pkl are written now: from here
+            # on Tuner.can_restore(path) is True, before fit() ran.
+            self._name = self._run_config.name or self._default_name()
+            self._uid = uuid.uuid4().hex[:8]
+            storage = self._storage(self._name)
+            storage.check_writable()  # an unwritable path is named now, not a raw OSError
+            self._state_writer(storage).write_static()
 
     # ------------------------------------------------------------------ fit
     def fit(self) -> ResultGrid:
@@ -78,7 +92,7 @@ class Tuner:
         from dasktune.stopper import make_stopper
 
         tc, rc = self._tune_config, self._run_config
-        name = rc.name or self._default_name()
+        name = self._name
         storage = self._storage(name)
         tuner_build.check_serializable(self._trainable)
         if tc.num_samples == -1 and tc.time_budget_s is None and rc.stop is None:
@@ -86,12 +100,11 @@ class Tuner:
                              "RunConfig(stop=...) that ends the experiment")
         stopper, stop_dict = make_stopper(rc.stop)
         restored = self._restored
+        uid = self._uid
         if restored is not None:
             search_alg, scheduler = restored.search_alg, restored.scheduler
             trials: list[Trial] = restored.trials
-            uid = restored.uid
         else:
-            uid = uuid.uuid4().hex[:8]
             search_alg = tuner_build.make_search_alg(tc, self._param_space, uid)
             scheduler = tuner_build.make_scheduler(tc)
             trials = []
@@ -103,10 +116,7 @@ class Tuner:
         params = tuner_build.scatter_params(client, self._trainable)
         callbacks = tuner_build.make_callbacks(rc, client, storage, name, tc, search_alg,
                                               scheduler)
-        state_writer = experiment.StateWriter(storage, name=name, uid=uid,
-                                              trainable_name=self._trainable_name,
-                                              tune_config=tc, run_config=rc,
-                                              param_space=self._param_space)
+        state_writer = self._state_writer(storage)
         core, _, _ = unwrap(self._trainable)
         plan = ExperimentPlan(
             trainable=core,
@@ -149,7 +159,7 @@ class Tuner:
 
     # ------------------------------------------------------------------ restore
     @classmethod
-    def restore(cls, path: str, trainable: Any, resume_unfinished: bool = True,
+    def restore(cls, path: str | os.PathLike[str], trainable: Any, resume_unfinished: bool = True,
                 resume_errored: bool = False, restart_errored: bool = False,
                 param_space: Mapping[str, Any] | None = None,
                 storage_filesystem: Any = None,
@@ -163,11 +173,16 @@ class Tuner:
         The searcher's state continues; ``num_samples`` counts trials already made.
         Both ``resume_errored`` and ``restart_errored``: errored trials resume (as Ray).
 
-        ``storage_filesystem`` or ``storage_options`` (e.g. ``{"client_kwargs":
-        {"endpoint_url": ...}}``) reach the storage at ``path``; when neither is given,
+        As Ray, ``trainable`` must have the original's name and ``param_space`` (given to
+        refresh objects, not to tune new ones) the original's keys: else ValueError.
+        An experiment whose Tuner was constructed but never fit starts afresh.
+
+        ``storage_filesystem`` (fsspec's or a ``pyarrow.fs.FileSystem``) or
+        ``storage_options`` (e.g. ``{"client_kwargs": {"endpoint_url": ...}}``) reach the
+        storage at ``path``; when neither is given,
         the ``storage_options`` saved with the experiment (without credentials) are used.
         """
-        restored = experiment.load(path, storage_filesystem=storage_filesystem,
+        restored = experiment.load(os.fspath(path), storage_filesystem=storage_filesystem,
                                    storage_options=storage_options,
                                    resume_unfinished=resume_unfinished,
                                    resume_errored=resume_errored,
@@ -177,15 +192,24 @@ class Tuner:
                    run_config=restored.run_config, _restored=restored)
 
     @classmethod
-    def can_restore(cls, path: str, storage_filesystem: Any = None,
+    def can_restore(cls, path: str | os.PathLike[str], storage_filesystem: Any = None,
                     storage_options: dict[str, Any] | None = None) -> bool:
-        """Whether ``path`` holds an experiment that :meth:`restore` can continue."""
-        return experiment.can_restore(path, storage_filesystem, storage_options)
+        """Whether ``path`` holds an experiment that :meth:`restore` can continue: True as
+        soon as a ``Tuner`` was constructed there (as Ray). ``storage_filesystem`` is
+        fsspec's or a ``pyarrow.fs.FileSystem``."""
+        return experiment.can_restore(os.fspath(path), storage_filesystem, storage_options)
 
     # ------------------------------------------------------------------ helpers
     def _default_name(self) -> str:
         stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
         return f"{self._trainable_name}_{stamp}"
+
+    def _state_writer(self, storage: ExperimentStorage) -> experiment.StateWriter:
+        return experiment.StateWriter(storage, name=self._name, uid=self._uid,
+                                      trainable_name=self._trainable_name,
+                                      tune_config=self._tune_config,
+                                      run_config=self._run_config,
+                                      param_space=self._param_space)
 
     def _storage(self, name: str) -> ExperimentStorage:
         if self._restored is not None:
@@ -208,3 +232,30 @@ class Tuner:
         if not callable(request):
             resources_for({})  # a bad request is an error now, not on the first trial
         return resources_for
+
+
+def _space_keys(space: Mapping[str, Any]) -> list[str]:
+    return sorted(path_str(path) for path, _ in leaves(dict(space)))
+
+
+def _check_restored_matches(restored: experiment.RestoredExperiment, trainable_name: str,
+                            param_space: Mapping[str, Any] | None) -> None:
+    """Ray's checks on ``Tuner.restore``'s arguments: the same trainable (by name), and a
+    ``param_space`` with the original's keys (it may refresh values, not add new ones)."""
+    if restored.trainable_name and trainable_name != restored.trainable_name:
+        raise ValueError(
+            "Invalid `trainable` input to `Tuner.restore()`. To fix this error, pass in the "
+            "same trainable that was used to initialize the Tuner. Got a trainable with "
+            f"identifier '{trainable_name}' but expected '{restored.trainable_name}'."
+        )
+    if param_space is None or param_space is restored.param_space:
+        return
+    got, expected = _space_keys(param_space), _space_keys(restored.param_space)
+    if got != expected:
+        raise ValueError(
+            "Invalid `param_space` input to `Tuner.restore()`. To fix this error, pass in "
+            "the same `param_space` that was used to initialize the Tuner. Only re-specify "
+            "the `param_space` to refresh objects that cannot be saved with the experiment; "
+            "it should not be used to introduce new hyperparameters to tune."
+            f"\n\nGot: {got}\nExpected: {expected}"
+        )

@@ -146,11 +146,14 @@ def test_layout_retention_readback_and_restore(cluster, store, tmp_path):
     assert again.num_terminated == 2
     assert [x["training_iteration"] for x in result_lines(fs, best.path)] == [1, 2, 3, 4]
 
-    # A process that did not run the experiment reads it (the cluster may be gone).
+    # A process that did not run the experiment reads it (the cluster may be gone); as
+    # in Ray, restore is given a trainable of the original's name.
     script = f"""
 import json, dasktune as tune
 {store.fs_code()}
-grid = tune.Tuner.restore({uri!r}, trainable=lambda c: None, storage_filesystem=fs).get_results()
+def counting(config):
+    pass
+grid = tune.Tuner.restore({uri!r}, trainable=counting, storage_filesystem=fs).get_results()
 best = grid.get_best_result()
 with best.checkpoint.as_directory() as d:
     state = json.load(open(d + "/state.json"))
@@ -374,3 +377,44 @@ def test_restore_with_storage_options_only(cluster, store):
     assert not again.errors and again[0].metrics["i"] == 4
     direct = store.fs()
     assert [x["i"] for x in result_lines(direct, again[0].path)] == list(range(5))
+
+
+def test_tune_run_on_s3_and_analysis_read_back(cluster, moto_s3, tmp_path):
+    """``tune.run`` with an ``s3://`` storage_path returns an ExperimentAnalysis of the
+    bucket; ``ExperimentAnalysis("s3://...")`` reads it back, checkpoints included."""
+    bucket = moto_s3.new_bucket()
+    fs = s3_fs(moto_s3.endpoint)
+    analysis = tune.run(counting, config={"lr": tune.grid_search([1.0, 2.0]), "iters": 3},
+                        metric="score", mode="max", storage_path=f"s3://{bucket}/p",
+                        storage_filesystem=fs, name="legacy", verbose=0)
+    uri = f"s3://{bucket}/p/legacy"
+    assert analysis.experiment_path == uri
+    assert analysis.best_config["lr"] == 2.0 and analysis.best_result["score"] == 4.0
+    read = tune.ExperimentAnalysis(uri, storage_filesystem=fs)
+    assert read.best_config["lr"] == 2.0  # metric and mode as the run saved them
+    assert sorted(len(df) for df in read.trial_dataframes.values()) == [3, 3]
+    out = read.best_checkpoint.to_directory(str(tmp_path / "best"))
+    assert json.load(open(os.path.join(out, "state.json")))["i"] == 2
+
+
+def test_analysis_of_a_local_experiment_uploaded_to_s3(local_client, moto_s3, tmp_path):
+    """An experiment run on local disk, then copied to a bucket: read from the bucket
+    (storage_options alone), its trials' files and checkpoints are found where they are now."""
+    local = tmp_path / "results"
+    tune.run(counting, config={"lr": tune.grid_search([1.0, -1.0]), "iters": 3},
+             storage_path=str(local), name="moved", verbose=0)
+    bucket = moto_s3.new_bucket()
+    s3_fs(moto_s3.endpoint).put(str(local / "moved"), f"{bucket}/copied/moved",
+                                recursive=True)
+    import shutil
+
+    shutil.rmtree(local)  # only the bucket has it now
+    read = tune.ExperimentAnalysis(f"s3://{bucket}/copied/moved",
+                                   storage_options=s3_options(moto_s3.endpoint),
+                                   default_metric="score", default_mode="min")
+    assert read.best_config["lr"] == -1.0
+    assert all(t.path.startswith(f"{bucket}/copied/moved/") for t in read.trials)
+    assert sorted(len(df) for df in read.trial_dataframes.values()) == [3, 3]
+    best = read.get_best_checkpoint(read.best_trial, "score", "min")  # i=2 scores -2
+    out = best.to_directory(str(tmp_path / "best"))
+    assert json.load(open(os.path.join(out, "state.json")))["i"] == 2

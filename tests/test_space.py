@@ -269,11 +269,52 @@ def test_seeded_sample_is_reproducible(name):
     assert domain.sample(size=50, random_state=rng) != domain.sample(size=50, random_state=rng)
 
 
-def test_sample_from_sample_gets_the_spec_as_config():
-    double = sp.sample_from(lambda spec: spec.config.x * 2)
-    assert double.sample({"config": {"x": 3}}) == 6
-    assert double.sample(config={"config": {"x": 4}}, size=3) == [8, 8, 8]
+def test_sample_from_sample_gets_the_config_as_ray_2_60():
+    # Ray's Domain.sample(config): the function is given the config itself; the legacy
+    # spec form (spec.config.x) is the fallback when that raises KeyError/AttributeError.
+    double = sp.sample_from(lambda config: config["x"] * 2)
+    assert double.sample({"x": 3}) == 6
+    assert double.sample(config={"x": 4}, size=3) == [8, 8, 8]
+    legacy = sp.sample_from(lambda spec: spec.config.x * 2)
+    assert legacy.sample({"x": 5}) == 10
+    assert sp.sample_from(lambda config: config.x + 1).sample({"x": 1}) == 2  # attribute form
     assert sp.sample_from(lambda: 7).sample() == 7
+
+
+def test_sample_from_modern_form_sees_grid_values_and_legacy_form_warns(caplog):
+    space = {
+        "x": sp.grid_search([1, 2, 3]),
+        "double": sp.sample_from(lambda config: config["x"] * 2),
+        "nested": {"y": sp.uniform(0, 1)},
+        "y_plus": sp.sample_from(lambda config: config["nested"]["y"] + config["double"]),
+    }
+    configs = [sp.resolve(variant, seed)[0]
+               for seed, variant in enumerate(sp.grid_variants(space))]
+    assert [c["double"] for c in configs] == [2, 4, 6]
+    assert all(c["y_plus"] == c["nested"]["y"] + c["double"] for c in configs)
+    assert not [r for r in caplog.records if "deprecated" in r.getMessage()]
+    # a missing key is the user's error, raised as it is (after the spec form failed too)
+    with pytest.raises(KeyError, match="nope"):
+        sp.resolve({"a": sp.sample_from(lambda config: config["nope"])}, 0)
+    legacy = {"x": 3, "d": sp.sample_from(lambda spec: spec.config.x * 2)}
+    with caplog.at_level("WARNING", logger="dasktune.space"):
+        assert sp.resolve(legacy, 0)[0]["d"] == 6
+    assert any("spec dict are deprecated" in r.getMessage() for r in caplog.records)
+
+
+def test_a_domain_takes_one_sampler():
+    # As Ray: quantized() may follow the sampler; a second sampler is a ValueError.
+    q = sp.uniform(0, 1).quantized(0.25)
+    assert q.q == 0.25 and q.sampler == "uniform"
+    assert sp.Float(0, 1).quantized(0.5).q == 0.5
+    assert sp.Integer(0, 10).uniform().quantized(2).sample(random_state=0) % 2 == 0
+    for chained in (lambda: sp.Float(0, 1).normal().uniform(),
+                    lambda: sp.uniform(0.1, 1).loguniform(),
+                    lambda: sp.randint(1, 10).loguniform(),
+                    lambda: sp.quniform(0, 1, 0.5).uniform(),
+                    lambda: sp.choice([1, 2]).uniform()):
+        with pytest.raises(ValueError, match="You can only choose one sampler"):
+            chained()
 
 
 def test_sample_keeps_the_positional_rng_form_and_checks_size():

@@ -354,3 +354,169 @@ def test_default_loggers_setting_and_rays_environment_variable(local_client, tmp
     ray_off = run(quadratic, str(tmp_path), name="ray_off", param_space={"x": 1, "iters": 1})
     assert not {"result.json", "progress.csv"} & names(ray_off)
     assert ray_off[0].metrics["loss"] == 1.0  # the run itself is whole
+
+
+# ------------------------------------------------------------------ Ray 2.60's small rules
+def returns_a_number(config):
+    tune.report({"step": 1})
+    return config["x"] * 10
+
+
+def returns_a_dict(config):
+    return {"score": config["x"]}
+
+
+def yields_numbers(config):
+    for i in range(3):
+        yield config["x"] + i
+
+
+def returns_a_string(config):
+    return "done"
+
+
+def test_function_return_value_is_recorded_as_ray_does(local_client, storage_path):
+    # Ray: a returned number is the metric "_metric"; a dict is the last result; a
+    # generator's yields are results; a falsy return (0) is not reported.
+    results = run(returns_a_number, storage_path, name="num",
+                  param_space={"x": tune.grid_search([0, 2])})
+    by_x = {r.config["x"]: r.metrics for r in results}
+    assert by_x[2]["_metric"] == 20 and by_x[2]["training_iteration"] == 2
+    assert "_metric" not in by_x[0] and by_x[0]["training_iteration"] == 1
+    assert results.get_best_result("_metric", "max").config["x"] == 2
+    assert run(returns_a_dict, storage_path, name="dict",
+               param_space={"x": 3})[0].metrics["score"] == 3
+    gen = run(yields_numbers, storage_path, name="gen", param_space={"x": 1})[0]
+    assert gen.metrics["_metric"] == 3 and gen.metrics["training_iteration"] == 3
+    assert gen.metrics_dataframe["_metric"].tolist() == [1, 2, 3]
+    bad = run(returns_a_string, storage_path, name="bad", param_space={})
+    assert "Invalid return or yield value" in str(bad[0].error)
+
+
+def test_max_concurrent_trials_zero_means_no_limit(local_client, storage_path):
+    assert tune.TuneConfig(max_concurrent_trials=0).max_concurrent_trials is None
+    with pytest.raises(ValueError, match="max_concurrent_trials"):
+        tune.TuneConfig(max_concurrent_trials=-1)
+    results = run(quadratic, storage_path, param_space={"x": tune.grid_search([0, 1, 2])},
+                  tc=dict(max_concurrent_trials=0))
+    assert results.num_terminated == 3
+
+
+def test_can_restore_once_constructed_with_a_path_or_a_filesystem(local_client, storage_path):
+    import pathlib
+
+    import fsspec
+
+    exp = pathlib.Path(storage_path) / "early"
+    assert not tune.Tuner.can_restore(exp)
+    tune.Tuner(quadratic, param_space={"x": tune.grid_search([0, 1]), "iters": 2},
+               run_config=tune.RunConfig(name="early", storage_path=storage_path, verbose=0))
+    # Ray writes the Tuner's state at construction: restorable before fit() ran
+    assert tune.Tuner.can_restore(exp) and tune.Tuner.can_restore(str(exp))
+    assert tune.Tuner.can_restore(str(exp), storage_filesystem=fsspec.filesystem("file"))
+    assert not tune.Tuner.can_restore(exp.parent / "nothing")
+    # a Tuner that never ran restores to a fresh run of every trial
+    results = tune.Tuner.restore(exp, quadratic).fit()
+    assert sorted(r.config["x"] for r in results) == [0, 1] and results.num_terminated == 2
+
+
+def test_pyarrow_filesystem_runs_and_restores(local_client, storage_path):
+    # Ray takes a pyarrow filesystem: one that is not the local disk goes through fsspec's
+    # ArrowFSWrapper (workers write through it); pyarrow's LocalFileSystem is the disk.
+    pafs = pytest.importorskip("pyarrow.fs")
+    import fsspec
+
+    fs = pafs.PyFileSystem(pafs.FSSpecHandler(fsspec.filesystem("file")))
+    rc = tune.RunConfig(name="arrow", storage_path=storage_path, storage_filesystem=fs,
+                        verbose=0)
+    results = tune.Tuner(checkpointing, param_space={"lr": 1.0, "iters": 3},
+                         run_config=rc).fit()
+    assert results[0].metrics["score"] == 2.0
+    with results[0].checkpoint.as_directory() as d:
+        assert json.load(open(os.path.join(d, "state.json")))["i"] == 2
+    exp = os.path.join(storage_path, "arrow")
+    assert os.path.exists(os.path.join(exp, "experiment_state.json"))
+    assert tune.Tuner.can_restore(exp, storage_filesystem=fs)
+    assert tune.Tuner.can_restore(exp, storage_filesystem=pafs.LocalFileSystem())
+    again = tune.Tuner.restore(exp, checkpointing, storage_filesystem=fs).fit()
+    assert again.num_terminated == 1 and again[0].metrics["score"] == 2.0
+    with pytest.raises(TypeError, match="storage_filesystem must be an fsspec filesystem or"):
+        tune.Tuner(checkpointing, run_config=tune.RunConfig(storage_path=storage_path,
+                                                            storage_filesystem=object()))
+
+
+def other_trainable(config):
+    tune.report({"loss": 0.0})
+
+
+def test_restore_refuses_another_trainable_or_new_param_keys(storage_path):
+    space = {"x": tune.uniform(0, 1), "model": {"depth": tune.choice([1, 2])}, "iters": 2}
+    tune.Tuner(quadratic, param_space=space,
+               run_config=tune.RunConfig(name="orig", storage_path=storage_path))
+    exp = os.path.join(storage_path, "orig")
+    with pytest.raises(ValueError, match="Invalid `trainable`.*'other_trainable'.*'quadratic'"):
+        tune.Tuner.restore(exp, other_trainable)
+    new_key = {**space, "model": {"depth": tune.choice([1, 2]), "width": 3}}
+    with pytest.raises(ValueError, match=r"Invalid `param_space`(.|\n)*model/width"):
+        tune.Tuner.restore(exp, quadratic, param_space=new_key)
+    # the same keys with refreshed values are fine (what re-specifying is for)
+    tune.Tuner.restore(exp, quadratic, param_space={**space, "iters": 3})
+
+
+class CountingStopper(tune.Stopper):
+    """Stops the experiment after ``limit`` results in all: state a restore must keep."""
+
+    def __init__(self, limit):
+        self.limit, self.seen = limit, 0
+
+    def __call__(self, trial_id, result):
+        self.seen += 1
+        return False
+
+    def stop_all(self):
+        return self.seen >= self.limit
+
+
+def fails_once(config):
+    import time
+
+    for i in range(1, 41):
+        time.sleep(0.02)
+        if i == 16 and not os.path.exists(config["marker"]):
+            open(config["marker"], "w").close()
+            raise RuntimeError("first run fails")
+        tune.report({"i": i})
+
+
+def test_stopper_state_is_saved_and_restored(local_client, storage_path, tmp_path):
+    # Ray saves the stopper with the experiment: after a restore it goes on from where it
+    # was (a TimeoutStopper with the budget it had left), not from scratch.
+    rc = tune.RunConfig(name="stopper", storage_path=storage_path, verbose=0,
+                        stop=CountingStopper(20))
+    first = tune.Tuner(fails_once, param_space={"marker": str(tmp_path / "m")},
+                       run_config=rc).fit()
+    assert first[0].error is not None and first[0].metrics["i"] == 15
+    exp = os.path.join(storage_path, "stopper")
+    second = tune.Tuner.restore(exp, fails_once, restart_errored=True).fit()
+    # 15 results were counted before: the limit of 20 comes after about 5 more
+    assert second[0].error is None and second[0].metrics["i"] < 15
+
+
+def test_timeout_stopper_goes_on_with_the_budget_left():
+    import pickle
+    import time
+
+    stopper = tune.stopper.TimeoutStopper(60)
+    assert not stopper.stop_all()  # the clock starts at the first check
+    time.sleep(0.3)
+    assert not stopper.stop_all()
+    left = stopper._budget
+    assert 59.0 < left <= 59.7
+    blob = pickle.dumps(stopper)
+    time.sleep(0.3)  # the time the experiment was down is not counted
+    restored = pickle.loads(blob)
+    assert not restored.stop_all()
+    assert restored._budget == left
+    assert tune.stopper.TimeoutStopper(0.0).stop_all()
+    with pytest.raises(ValueError, match="timeout"):
+        tune.stopper.TimeoutStopper("10s")
