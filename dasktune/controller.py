@@ -733,6 +733,11 @@ class TuneController:
                                            trial=trial, result=result)
             if result.pop(SHOULD_CHECKPOINT, False):  # a Callback asked (Ray's idiom)
                 self._checkpoint_on_demand(trial)
+            decision = None  # nothing for a scheduler to judge (as Ray's ASHA skips it)
+            if action is None and not auto_only:
+                # The scheduler first, as in Ray: what it adds to the result (the budget of
+                # HyperBandForBOHB) reaches the searcher.
+                decision = self.scheduler.on_trial_result(self._ctx, trial, result)
             self.search_alg.on_trial_result(trial.trial_id, result)
             try:
                 done = bool(result.get("done")) or self.stopper(trial.trial_id, result)
@@ -746,10 +751,6 @@ class TuneController:
                     self._action.pop(trial.trial_id)
                     self._apply(trial, "STOP_DONE", result)
                 continue
-            if auto_only:
-                decision = None  # nothing for a scheduler to judge (as Ray's ASHA skips it)
-            else:
-                decision = self.scheduler.on_trial_result(self._ctx, trial, result)
             if done:
                 decision = "STOP_DONE"
             self._apply(trial, decision, result, checkpointed=bool(ckpt))

@@ -11,6 +11,7 @@ from typing import Any
 from dasktune.schedulers._async_hyperband import ASHAScheduler, AsyncHyperBandScheduler
 from dasktune.schedulers._base import Exploit, SchedulerContext, TrialScheduler
 from dasktune.schedulers._fifo import FIFOScheduler
+from dasktune.schedulers._hb_bohb import HyperBandForBOHB
 from dasktune.schedulers._hyperband import HyperBandScheduler
 from dasktune.schedulers._median_stopping import MedianStoppingRule
 from dasktune.schedulers._pbt import PopulationBasedTraining
@@ -20,6 +21,7 @@ __all__ = [
     "AsyncHyperBandScheduler",
     "Exploit",
     "FIFOScheduler",
+    "HyperBandForBOHB",
     "HyperBandScheduler",
     "MedianStoppingRule",
     "PopulationBasedTraining",
@@ -36,10 +38,11 @@ SCHEDULER_IMPORT: dict[str, type[TrialScheduler]] = {
     "median_stopping_rule": MedianStoppingRule,
     "medianstopping": MedianStoppingRule,
     "hyperband": HyperBandScheduler,
+    "hb_bohb": HyperBandForBOHB,
     "pbt": PopulationBasedTraining,
 }
-# Ray's names that dasktune does not provide (BOHB, PB2 and resource changing need more).
-_UNAVAILABLE = ("hb_bohb", "pbt_replay", "pb2", "resource_changing")
+# Ray's names that dasktune does not provide (PB2 and resource changing need more).
+_UNAVAILABLE = ("pbt_replay", "pb2", "resource_changing")
 
 
 def create_scheduler(scheduler: str, **kwargs: Any) -> TrialScheduler:
