@@ -283,8 +283,10 @@ def test_create_searcher_by_rays_names():
 
     optuna_search = create_searcher("optuna", metric="loss", mode="min", seed=1)
     assert isinstance(optuna_search, OptunaSearch) and optuna_search.metric == "loss"
-    with pytest.raises(ValueError, match="not available"):
-        create_searcher("hyperopt")
+    pytest.importorskip("hyperopt")
+    from dasktune.search.hyperopt import HyperOptSearch
+
+    assert isinstance(create_searcher("HyperOpt", metric="loss", mode="min"), HyperOptSearch)
     with pytest.raises(ValueError, match="unknown search algorithm"):
         create_searcher("nope")
 

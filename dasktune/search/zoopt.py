@@ -110,6 +110,12 @@ class ZOOptSearch(LibrarySearcher):
 
     def _ask(self, point: dict | None) -> tuple[Any, dict] | str | None:
         solution = self._opt.suggest()
+        if solution is None and not self._live:
+            # SRacosTune closes after its initial samples until the last of them completes;
+            # if that happened before it closed (one trial at a time), it would never reopen
+            # and the search would hang: nothing is in flight, so reopen it.
+            self._opt.semaphore = 1
+            solution = self._opt.suggest()
         if solution == "FINISHED":
             return Searcher.FINISHED
         if solution is None:
