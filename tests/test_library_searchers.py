@@ -11,6 +11,7 @@ a fixed seed, conditional spaces, constraints, evaluated rewards, batches.
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 
 from dasktune import space as sp
+from dasktune import stopper as tune_stopper
 from dasktune.search import ConcurrencyLimiter, Repeater, Searcher
 from dasktune.search.testing import check_searcher
 
@@ -56,7 +58,9 @@ def _zoopt():
 
 def _hebo():
     from dasktune.search.hebo import HEBOSearch
-    return HEBOSearch(random_state_seed=0, max_concurrent=4)
+    # its first 6 suggestions random: a GP fit and NSGA-II search take 10-40 s per batch on
+    # a shared 2-core machine (the model's own test is marked slow)
+    return HEBOSearch(random_state_seed=0, max_concurrent=4, rand_sample=6)
 
 
 def _ax():
@@ -137,7 +141,7 @@ def test_conformance(name):
 def test_conformance_inside_repeater_and_concurrency_limiter(name):
     factory, space = make(name)
     made = check_searcher(lambda: Repeater(ConcurrencyLimiter(factory(), 2), repeat=2), space,
-                          n_trials=8, in_flight=2)
+                          n_trials=6, in_flight=2)
     # the repeats of one suggestion share its config
     assert made[0].config["x"] == made[1].config["x"]
     assert [m.config["__trial_index__"] for m in made[:4]] == [0, 1, 0, 1]
@@ -179,7 +183,7 @@ def _observations(name: str, searcher) -> int:
         return opt.complete_num
     if name == "hebo":
         return len(opt.y)
-    return len(opt.summarize())  # ax
+    return int((opt.summarize()["trial_status"] == "COMPLETED").sum())  # ax
 
 
 @pytest.mark.parametrize("name", list(SEARCHERS))
@@ -251,7 +255,7 @@ def random_best(n: int, seeds: int = 11) -> float:
 
 
 @pytest.mark.parametrize("name,n", [("hyperopt", 30), ("nevergrad", 30), ("bayesopt", 10),
-                                    ("bohb", 30), ("zoopt", 30)])
+                                    ("bohb", 30)])
 def test_beats_random_search_on_a_quadratic(name, n):
     searcher = configured(name, FLOATS)
     configs = drive(searcher, n)
@@ -259,9 +263,27 @@ def test_beats_random_search_on_a_quadratic(name, n):
     assert best < random_best(n), (best, random_best(n))
 
 
+def test_zoopt_beats_random_search_on_a_quadratic():
+    """ZOOpt draws from numpy's global generator (seeded by zoopt.Parameter's seed): the
+    median over 5 seeds."""
+    pytest.importorskip("zoopt")
+    from dasktune.search.zoopt import ZOOptSearch
+
+    bests = []
+    for seed in range(5):
+        searcher = ZOOptSearch(budget=30, seed=seed)
+        searcher.set_search_properties("loss", "min", FLOATS)
+        bests.append(min(quadratic(c) for c in drive(searcher, 30)))
+    assert float(np.median(bests)) < random_best(30), bests
+
+
 @pytest.mark.slow
 def test_hebo_beats_random_search_in_batches():
-    searcher = configured("hebo", FLOATS)
+    pytest.importorskip("hebo")
+    from dasktune.search.hebo import HEBOSearch
+
+    searcher = HEBOSearch(random_state_seed=0, max_concurrent=4)
+    searcher.set_search_properties("loss", "min", FLOATS)
     configs = drive(searcher, 12)
     assert min(quadratic(c) for c in configs[4:]) < random_best(12)
 
@@ -344,7 +366,7 @@ def test_hebo_evaluated_rewards_and_batches():
     points = [{"x": 0.0, "nested": {"y": 0.0}}, {"x": 1.0, "nested": {"y": -1.0}}]
     searcher = HEBOSearch(FLOATS, "loss", "min", points_to_evaluate=points,
                           evaluated_rewards=[quadratic(p) for p in points], random_state_seed=0,
-                          max_concurrent=2)
+                          max_concurrent=2, rand_sample=10)  # random draws: fast
     first = searcher.suggest("a")
     assert len(searcher._opt.y) == 2  # the rewards were observed, the points not run
     assert first not in points
@@ -410,12 +432,12 @@ def test_nevergrad_takes_an_optimizer_instance_with_its_parametrization():
     from dasktune.search.nevergrad import NevergradSearch
 
     param = ng.p.Dict(lr=ng.p.Log(lower=1e-4, upper=1e-1), layers=ng.p.Choice([1, 2, 3]))
-    searcher = NevergradSearch(ng.optimizers.CMA(parametrization=param, budget=10),
+    searcher = NevergradSearch(ng.optimizers.TwoPointsDE(parametrization=param, budget=10),
                                metric="loss", mode="min")
     config = searcher.suggest("t0")
     assert 1e-4 <= config["lr"] <= 1e-1 and config["layers"] in (1, 2, 3)
     with pytest.raises(ValueError, match="own parametrization"):
-        NevergradSearch(ng.optimizers.CMA(parametrization=param), space=FLOATS)
+        NevergradSearch(ng.optimizers.TwoPointsDE(parametrization=param), space=FLOATS)
 
 
 def test_a_failed_or_nan_trial_does_not_count_as_a_result():
@@ -428,3 +450,60 @@ def test_a_failed_or_nan_trial_does_not_count_as_a_result():
     searcher.suggest("c")
     with pytest.raises(ValueError, match="'loss' is not in the result"):
         searcher.on_trial_complete("c", {"other": 1.0})
+
+
+# -- Tuner.restore continues the search ---------------------------------------------------
+
+class StopAllAfter(tune_stopper.Stopper):
+    """Stops the whole experiment once ``n`` trials reported, while ``flag`` (a file) exists
+    (a file, since the experiment pickles its stopper by value)."""
+
+    def __init__(self, n: int, flag: str) -> None:
+        self.n = n
+        self.flag = flag
+        self.seen: set[str] = set()
+
+    def __call__(self, trial_id, result):
+        self.seen.add(trial_id)
+        return False
+
+    def stop_all(self):
+        return os.path.exists(self.flag) and len(self.seen) >= self.n
+
+
+def report_quadratic(config):
+    from dasktune import report
+    report({"loss": quadratic(config)})
+
+
+@pytest.mark.slow
+def test_tuner_restore_continues_a_hyperopt_search(local_client, storage_path, tmp_path):
+    """With more random start-up trials than trials, a seeded HyperOptSearch's k-th
+    suggestion is its k-th draw: a continued search makes each of the first 8 draws once; a
+    restarted one would make the first ones twice."""
+    pytest.importorskip("hyperopt")
+    import dasktune as tune
+    from dasktune.search.hyperopt import HyperOptSearch
+
+    def searcher():
+        return HyperOptSearch(random_state_seed=7, n_initial_points=50)
+
+    fresh = searcher()
+    fresh.set_search_properties("loss", "min", FLOATS)
+    draws = [fresh.suggest(f"f{i}") for i in range(8)]
+    flag = tmp_path / "stop"
+    flag.touch()
+    results = tune.Tuner(
+        report_quadratic, param_space=FLOATS,
+        tune_config=tune.TuneConfig(metric="loss", mode="min", num_samples=8,
+                                    search_alg=searcher(), max_concurrent_trials=1),
+        run_config=tune.RunConfig(storage_path=storage_path, name="hyp", verbose=0,
+                                  stop=StopAllAfter(3, str(flag))),
+    ).fit()
+    first = [r.config for r in results]
+    assert 3 <= len(first) < 8
+    flag.unlink()
+    restored = tune.Tuner.restore(results.experiment_path, report_quadratic).fit()
+    configs = sorted((r.config for r in restored), key=lambda c: c["x"])
+    assert len(configs) == 8 and all(r.metrics.get("loss") is not None for r in restored)
+    assert configs == sorted(draws, key=lambda c: c["x"])
