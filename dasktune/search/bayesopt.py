@@ -81,7 +81,8 @@ class BayesOptSearch(LibrarySearcher):
         self._precision = repeat_float_precision
         self._seen: Counter[tuple] = Counter()
         self._random_asked = 0
-        self._buffered: list[tuple[dict, float]] | None = []  # None once the GP is fitted
+        # results of the random trials, held back; None once the GP takes them as they come
+        self._buffered: list[tuple[dict, float]] | None = [] if random_search_steps > 0 else None
         super().__init__(space, metric, mode, points_to_evaluate)
 
     def _is_native(self, space: Any) -> bool:
