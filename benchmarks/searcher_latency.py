@@ -3,11 +3,11 @@
 For each library the same run times two loops of N sequential trials on the same space
 (4 uniform floats, a quadratic): the library's own ask/tell loop, and dasktune's searcher
 driven as the driver drives it (``SearchGenerator.next_trial`` then ``on_trial_complete``).
-The two loops alternate ``--repeats`` times (fresh optimizers each time); it prints, for each,
-the mean milliseconds per trial (ask + tell) of its least disturbed repeat (the lowest mean:
-on a shared machine the others carry other jobs' load) and the median over all trials, and
-dasktune's overhead (the difference of the means). Target: dasktune adds <= 1 ms per
-suggestion.
+The loops run side by side, trial i of one right after trial i of the other, so both see the
+same machine load and the same number of past results. It prints the mean and median
+milliseconds per trial (ask + tell) of each, and dasktune's overhead: the median of the
+paired differences (robust to other jobs' load on a shared machine) and the difference of the
+means. Target: dasktune adds <= 1 ms per suggestion.
 
     python benchmarks/searcher_latency.py                 # 60 trials each (HEBO, Ax: 20)
     python benchmarks/searcher_latency.py --smoke-test    # 10 trials each
@@ -34,19 +34,24 @@ def loss(params: dict) -> float:
     return float(sum((float(params[n]) - 0.5) ** 2 for n in NAMES))
 
 
-def timed(step: Callable[[], None], n: int) -> list[float]:
-    out = []
-    for _ in range(n):
-        start = time.perf_counter()
-        step()
-        out.append(time.perf_counter() - start)
-    return out
+def paired(direct: Callable[[], None], ours: Callable[[], None], n: int
+           ) -> tuple[list[float], list[float]]:
+    """Seconds per trial of each loop, trial i of one right after trial i of the other
+    (which goes first alternates), so both see the same load and the same history size."""
+    times: tuple[list[float], list[float]] = ([], [])
+    for i in range(n):
+        order = ((0, direct), (1, ours)) if i % 2 == 0 else ((1, ours), (0, direct))
+        for which, step in order:
+            start = time.perf_counter()
+            step()
+            times[which].append(time.perf_counter() - start)
+    return times
 
 
 # -- each library asked directly ------------------------------------------------------
 
 
-def direct_hyperopt(n: int) -> list[float]:
+def direct_hyperopt(n: int) -> Callable[[], None]:
     import hyperopt
     from hyperopt import hp
 
@@ -66,10 +71,10 @@ def direct_hyperopt(n: int) -> list[float]:
         doc["result"] = {"loss": loss(params), "status": hyperopt.STATUS_OK}
         trials.refresh()
 
-    return timed(step, n)
+    return step
 
 
-def direct_nevergrad(n: int) -> list[float]:
+def direct_nevergrad(n: int) -> Callable[[], None]:
     import nevergrad as ng
 
     opt = ng.optimizers.OnePlusOne(ng.p.Dict(**{k: ng.p.Scalar(lower=-2, upper=2)
@@ -79,10 +84,10 @@ def direct_nevergrad(n: int) -> list[float]:
         cand = opt.ask()
         opt.tell(cand, loss(cand.value))
 
-    return timed(step, n)
+    return step
 
 
-def direct_bayesopt(n: int) -> list[float]:
+def direct_bayesopt(n: int) -> Callable[[], None]:
     import bayes_opt
 
     opt = bayes_opt.BayesianOptimization(f=None, pbounds={k: (-2.0, 2.0) for k in NAMES},
@@ -93,10 +98,10 @@ def direct_bayesopt(n: int) -> list[float]:
         params = opt.suggest(utility)
         opt.register(params=params, target=-loss(params))
 
-    return timed(step, n)
+    return step
 
 
-def direct_bohb(n: int) -> list[float]:
+def direct_bohb(n: int) -> Callable[[], None]:
     import ConfigSpace
     from hpbandster.optimizers.config_generators.bohb import BOHB
 
@@ -116,10 +121,10 @@ def direct_bohb(n: int) -> list[float]:
         config, _ = gen.get_config(None)
         gen.new_result(Job(loss(config), config))
 
-    return timed(step, n)
+    return step
 
 
-def direct_zoopt(n: int) -> list[float]:
+def direct_zoopt(n: int) -> Callable[[], None]:
     import zoopt
     from zoopt.algos.opt_algorithms.racos.sracos import SRacosTune
 
@@ -133,10 +138,10 @@ def direct_zoopt(n: int) -> list[float]:
             solution = opt.suggest()
         opt.complete(solution, loss(dict(zip(NAMES, solution.get_x()))))
 
-    return timed(step, n)
+    return step
 
 
-def direct_hebo(n: int) -> list[float]:
+def direct_hebo(n: int) -> Callable[[], None]:
     import pandas as pd
     from hebo.optimizers.hebo import HEBO
 
@@ -149,10 +154,10 @@ def direct_hebo(n: int) -> list[float]:
         opt.observe(frame, np.array([[loss(frame.iloc[0].to_dict())]]))
 
     del pd
-    return timed(step, n)
+    return step
 
 
-def direct_ax(n: int) -> list[float]:
+def direct_ax(n: int) -> Callable[[], None]:
     from ax import Client, RangeParameterConfig
 
     client = Client(random_seed=0)
@@ -165,7 +170,7 @@ def direct_ax(n: int) -> list[float]:
         [(index, params)] = client.get_next_trials(max_trials=1).items()
         client.complete_trial(trial_index=index, raw_data={"loss": loss(params)})
 
-    return timed(step, n)
+    return step
 
 
 # -- the same through dasktune ------------------------------------------------------------
@@ -196,7 +201,7 @@ def searcher(name: str):
     return AxSearch(random_seed=0, method="random_search")
 
 
-def through_dasktune(name: str, n: int) -> list[float]:
+def through_dasktune(name: str, n: int) -> Callable[[], None]:
     gen = SearchGenerator(searcher(name), n)
     gen.set_search_properties("loss", "min", SPACE)
     gen._async_off = True  # time each ask on this thread, as the fast path runs it
@@ -209,7 +214,7 @@ def through_dasktune(name: str, n: int) -> list[float]:
         gen.on_trial_result(s.trial_id, result)
         gen.on_trial_complete(s.trial_id, result)
 
-    return timed(step, n)
+    return step
 
 
 DIRECT = {"hyperopt": direct_hyperopt, "nevergrad": direct_nevergrad,
@@ -223,28 +228,23 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=60, help="trials per loop")
     parser.add_argument("--smoke-test", action="store_true")
     parser.add_argument("--only", action="append", choices=list(DIRECT))
-    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     n = 10 if args.smoke_test else args.n
     print(f"{'library':10} {'n':>4} {'direct mean':>12} {'dasktune mean':>14} "
-          f"{'direct med':>11} {'dasktune med':>13} {'overhead':>10}  (ms per trial)")
+          f"{'direct med':>11} {'dasktune med':>13} {'paired diff':>12} {'mean diff':>10}"
+          "  (ms per trial)")
     for name in args.only or list(DIRECT):
         trials = min(n, 20) if name in SLOW and not args.only else n
-        direct_runs: list[list[float]] = []
-        our_runs: list[list[float]] = []
         try:
-            for _ in range(args.repeats):
-                direct_runs.append(DIRECT[name](trials))
-                our_runs.append(through_dasktune(name, trials))
+            direct, ours = paired(DIRECT[name](trials), through_dasktune(name, trials), trials)
         except ImportError as exc:
             print(f"{name:10} skipped: {exc}")
             continue
-        dm = 1e3 * min(statistics.mean(r) for r in direct_runs)
-        om = 1e3 * min(statistics.mean(r) for r in our_runs)
-        dmed = 1e3 * statistics.median([t for r in direct_runs for t in r])
-        omed = 1e3 * statistics.median([t for r in our_runs for t in r])
-        print(f"{name:10} {trials:4d} {dm:12.3f} {om:14.3f} {dmed:11.3f} {omed:13.3f} "
-              f"{om - dm:+10.3f}", flush=True)
+        ms = [1e3 * statistics.mean(direct), 1e3 * statistics.mean(ours),
+              1e3 * statistics.median(direct), 1e3 * statistics.median(ours)]
+        diff = 1e3 * statistics.median(o - d for o, d in zip(ours, direct))
+        print(f"{name:10} {trials:4d} {ms[0]:12.3f} {ms[1]:14.3f} {ms[2]:11.3f} {ms[3]:13.3f} "
+              f"{diff:+12.3f} {ms[1] - ms[0]:+10.3f}", flush=True)
 
 if __name__ == "__main__":
     main()

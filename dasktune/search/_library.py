@@ -192,18 +192,27 @@ class LibrarySearcher(Searcher):
         """A nested point as flat params; names outside the space are an error."""
         if self._template is None:
             return sp.flatten_space(dict(point))
-        flat = {sp.path_str(p): v for p, v in sp.leaves(point) if sp.path_str(p) in self._paths}
+        known = {sp.path_str(p) for p, _ in sp.leaves(self._template)}
         unknown = sorted(
-            sp.path_str(p) for p, _ in sp.leaves(point)
-            if sp.path_str(p) not in self._paths
-            and not any(sp.path_str(p) == sp.path_str(c) for c, _ in sp.leaves(self._template))
+            name for name in (sp.path_str(p) for p, _ in sp.leaves(point))
+            # a choice's value may be a list or dict itself: known through its parameter
+            if name not in known and not any(name.startswith(f"{k}{sp.SEP}") for k in known)
         )
         if unknown:
             raise ValueError(
                 f"{type(self).__name__}: points_to_evaluate names {unknown} outside the search "
                 f"space ({', '.join(sorted(self._paths))})"
             )
-        missing = sorted(set(self._paths) - set(flat))
+        flat, missing = {}, []
+        for name, path in self._paths.items():
+            node: Any = point
+            try:
+                for key in path:
+                    node = node[key]
+            except (KeyError, IndexError, TypeError):
+                missing.append(name)
+                continue
+            flat[name] = node
         if missing:
             raise ValueError(
                 f"{type(self).__name__}: a point in points_to_evaluate lacks {missing}"
