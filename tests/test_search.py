@@ -283,8 +283,10 @@ def test_create_searcher_by_rays_names():
 
     optuna_search = create_searcher("optuna", metric="loss", mode="min", seed=1)
     assert isinstance(optuna_search, OptunaSearch) and optuna_search.metric == "loss"
-    with pytest.raises(ValueError, match="not available"):
-        create_searcher("hyperopt")
+    pytest.importorskip("hyperopt")
+    from dasktune.search.hyperopt import HyperOptSearch
+
+    assert isinstance(create_searcher("HyperOpt", metric="loss", mode="min"), HyperOptSearch)
     with pytest.raises(ValueError, match="unknown search algorithm"):
         create_searcher("nope")
 
@@ -349,6 +351,29 @@ def test_concurrency_limiter_batch():
     assert [x[0] for x in inner.completed] == ["t1", "t2"] and limiter.suggest("t3")
 
 
+class SelfLimiting(ListSearcher):
+    """Limits concurrency itself (as HEBO and BOHB do): records the limit it was given."""
+
+    limit = None
+
+    def set_max_concurrency(self, max_concurrent):
+        self.limit = max_concurrent
+        return True
+
+
+def test_concurrency_limiter_hands_the_limit_to_a_searcher_that_limits_itself():
+    inner = SelfLimiting([{"a": i} for i in range(5)], "loss", "min")
+    limiter = ConcurrencyLimiter(inner, max_concurrent=2)
+    assert inner.limit == 2  # told when the limiter is built, as in Ray
+    gen = SearchGenerator(limiter, 5)
+    gen.set_search_properties(None, None, {})
+    assert len(drain(gen)) == 5  # the limiter only forwards: the searcher decides
+    plain = ListSearcher([{"a": i} for i in range(5)], "loss", "min")
+    gen = SearchGenerator(ConcurrencyLimiter(plain, max_concurrent=2), 5)
+    gen.set_search_properties(None, None, {})
+    assert len(drain(gen)) == 2
+
+
 # -- Repeater -------------------------------------------------------------------------
 
 
@@ -364,7 +389,7 @@ def test_repeater_averages_and_indexes():
         assert inner.completed == []
         gen.on_trial_complete(t.trial_id, {"loss": loss})
     primary, result, error = inner.completed[0]
-    assert primary == trials[0].trial_id and result["loss"] == 3.0 and not error
+    assert primary == trials[0].trial_id and result == {"loss": 3.0} and not error  # Ray's
     # errors and NaN are skipped; all failed -> the group is an error
     gen.on_trial_complete(trials[3].trial_id, {"loss": float("nan")})
     gen.on_trial_complete(trials[4].trial_id, None, error=True)

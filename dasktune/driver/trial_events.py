@@ -133,6 +133,11 @@ class TrialEvents:
                                            trial=trial, result=result)
             if result.pop(SHOULD_CHECKPOINT, False):  # a Callback asked (Ray's idiom)
                 self._checkpoint_on_demand(trial)
+            raw = None  # nothing for a scheduler to judge (as Ray's ASHA skips it)
+            if winding is None and not auto_only:
+                # The scheduler first, as in Ray: what it adds to the result (the budget of
+                # HyperBandForBOHB) reaches the searcher.
+                raw = self.scheduler.on_trial_result(self._ctx, trial, result)
             self.search_alg.on_trial_result(trial.trial_id, result)
             try:
                 done = bool(result.get("done")) or self.stopper(trial.trial_id, result)
@@ -146,9 +151,7 @@ class TrialEvents:
                     del self._winding[trial.trial_id]
                     self._apply(trial, Stop(early=False), result)
                 continue
-            # The scheduler sees every result it may judge, the last one too.
-            raw = None if auto_only else self.scheduler.on_trial_result(self._ctx, trial,
-                                                                        result)
+            # The scheduler saw every result it may judge, the last one too.
             verdict: Verdict = Stop(early=False) if done else decide(raw, trial.trial_id)
             self._apply(trial, verdict, result, checkpointed=bool(ckpt))
         if self.stopper.stop_all():

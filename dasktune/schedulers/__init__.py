@@ -18,6 +18,7 @@ from dasktune.schedulers._base import (
     TrialScheduler,
 )
 from dasktune.schedulers._fifo import FIFOScheduler
+from dasktune.schedulers._hb_bohb import HyperBandForBOHB
 from dasktune.schedulers._hyperband import HyperBandScheduler
 from dasktune.schedulers._median_stopping import MedianStoppingRule
 from dasktune.schedulers._pb2 import PB2
@@ -31,6 +32,7 @@ __all__ = [
     "Decision",
     "Exploit",
     "FIFOScheduler",
+    "HyperBandForBOHB",
     "HyperBandScheduler",
     "MedianStoppingRule",
     "PB2",
@@ -52,13 +54,14 @@ SCHEDULER_IMPORT: dict[str, type[TrialScheduler]] = {
     "median_stopping_rule": MedianStoppingRule,
     "medianstopping": MedianStoppingRule,
     "hyperband": HyperBandScheduler,
+    "hb_bohb": HyperBandForBOHB,
     "pbt": PopulationBasedTraining,
     "pbt_replay": PopulationBasedTrainingReplay,
     "pb2": PB2,
     "resource_changing": ResourceChangingScheduler,
 }
-# Ray's names that dasktune does not provide.
-_UNAVAILABLE = ("hb_bohb",)
+# Ray's names that dasktune does not provide: none today (kept for create_scheduler's message).
+_UNAVAILABLE: tuple[str, ...] = ()
 
 
 def create_scheduler(scheduler: str, **kwargs: Any) -> TrialScheduler:

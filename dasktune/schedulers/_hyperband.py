@@ -128,7 +128,8 @@ class HyperBandScheduler(TrialScheduler):
         self._max_t = max_t
         self._stop_last_trials = stop_last_trials
         self._s_max_1 = int(round(math.log(max_t) / math.log(reduction_factor))) + 1
-        # Bands of brackets: band k holds brackets s = 0 .. s_max (None where too small).
+        # Bands of brackets: band k holds brackets s = 0 .. s_max in the order they fill
+        # (see _bracket_halvings), None where too small.
         self._hyperbands: list[list[_Bracket | None]] = [[]]
         self._band_idx = 0
         self._cur: tuple[int, int] | None = None  # (band, bracket) being filled
@@ -143,6 +144,21 @@ class HyperBandScheduler(TrialScheduler):
 
     def _r0(self, s: int) -> int:
         return int(self._max_t * self._eta ** (-s))
+
+    def _bracket_halvings(self, position: int) -> int:
+        """The halvings ``s`` of the bracket at ``position`` in a band: HyperBand fills the
+        band from the bracket with none (the fewest trials) up."""
+        return position
+
+    def _milestone(self, trial_id: str, t: float) -> float | None:
+        """The milestone (``time_attr``) that ``trial_id`` reached at ``t``, or None if it
+        is still short of its bracket's next one."""
+        bracket = self._bracket(trial_id)
+        if bracket is None or trial_id not in bracket.live or t < bracket.r:
+            return None
+        if bracket.halves == 0 and not bracket.stop_last_trials:
+            return None  # the last rung runs on: no milestone
+        return bracket.r
 
     def _bracket(self, trial_id: str) -> _Bracket | None:
         info = self._trial_info.get(trial_id)
@@ -162,13 +178,13 @@ class HyperBandScheduler(TrialScheduler):
                     self._hyperbands.append([])
                     self._band_idx += 1
                     band = self._hyperbands[self._band_idx]
-                s = len(band)
+                s = self._bracket_halvings(len(band))
                 if self._r0(s) == 0:
                     band.append(None)  # bracket too small for max_t: skip it
                     continue
                 band.append(_Bracket(self._n0(s), self._r0(s), self._max_t, self._eta, s,
                                      self._stop_last_trials))
-                self._cur = (self._band_idx, s)
+                self._cur = (self._band_idx, len(band) - 1)
                 break
         assert self._cur is not None
         self._hyperbands[self._cur[0]][self._cur[1]].add(trial.trial_id)  # type: ignore[union-attr]

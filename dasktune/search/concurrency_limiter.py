@@ -33,7 +33,9 @@ class ConcurrencyLimiter(WrapperSearcher):
         self.live_trials: set[str] = set()
         self.num_unfinished_live_trials = 0
         self.cached_results: dict[str, tuple[dict | None, bool]] = {}
-        self._limit_concurrency = True
+        # As in Ray: a searcher that limits concurrency itself (HEBO, BOHB) is told the
+        # limit now and again with the search properties; this then only forwards.
+        self._limit_concurrency = not searcher.set_max_concurrency(max_concurrent)
 
     def set_max_concurrency(self, max_concurrent: int) -> bool:
         self.max_concurrent = max_concurrent

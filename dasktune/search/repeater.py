@@ -21,8 +21,9 @@ class Repeater(WrapperSearcher):
     """Repeat every config of ``searcher`` ``repeat`` times (e.g. over seeds).
 
     The inner searcher sees one trial per group, under the first trial's id, completed once
-    every repeat has completed, with the metric averaged over the repeats that reported it
-    (NaN and failed ones are skipped; if none reported, the group counts as an error).
+    every repeat has completed, with the result ``{metric: mean}`` (as Ray): the mean over
+    the repeats that reported it (NaN and failed ones are skipped; if none reported, the
+    group counts as an error).
     With ``set_index`` each config gets ``config["__trial_index__"]`` = its repeat number.
     Intermediate results are not forwarded: they belong to single repeats.
     """
@@ -82,10 +83,7 @@ class Repeater(WrapperSearcher):
         if len(averaged) < len(names):
             self.searcher.on_trial_complete(group["primary"], result=None, error=True)
             return
-        if all(r["result"] is not None and r["result"].get("__early_stopped__") for r in done):
-            averaged["__early_stopped__"] = True
-        averaged["trial_ids"] = list(group["results"])
-        self.searcher.on_trial_complete(group["primary"], result=averaged)
+        self.searcher.on_trial_complete(group["primary"], result=averaged)  # exactly Ray's
 
     def get_state(self) -> dict:
         return {

@@ -3,7 +3,8 @@
 ``check_searcher(make_searcher, param_space)`` drives a :class:`Searcher` the way the driver
 loop does (through :class:`SearchGenerator`, several trials in flight, one failing), saves its
 state halfway, restores it into a fresh searcher, and checks what the driver relies on:
-every config is complete and inside the param space, trial ids never repeat, and the
+every config is complete and inside the param space (a ``choice`` whose categories hold
+parameters, a conditional space, gives one category with its parameters drawn), trial ids never repeat, and the
 restored search continues to exactly ``n_trials``. A user's own Searcher can be held to the
 same test.
 """
@@ -28,11 +29,29 @@ def _value_at(config: Any, path: tuple) -> Any:
     return config
 
 
+def _fits(template: Any, value: Any) -> bool:
+    """Whether ``value`` could be drawn from ``template`` (a domain, constant or container)."""
+    if isinstance(template, sp.Categorical):
+        return any(_fits(category, value) for category in template.categories)
+    if isinstance(template, sp.Function):
+        return True
+    if isinstance(template, sp.Domain):
+        return template.is_valid(value)
+    if isinstance(template, dict) and not sp.is_grid(template):
+        return isinstance(value, dict) and set(value) == set(template) and all(
+            _fits(template[k], value[k]) for k in template)
+    if isinstance(template, (list, tuple)):
+        return isinstance(value, (list, tuple)) and len(value) == len(template) and all(
+            _fits(t, v) for t, v in zip(template, value))
+    return bool(template == value)
+
+
 def _check_config(suggestion: Suggestion, param_space: dict) -> None:
     for path, domain in sp.leaves(param_space):
         value = _value_at(suggestion.config, path)
         if isinstance(domain, sp.Domain) and not isinstance(domain, sp.Function):
-            assert domain.is_valid(value), (
+            # a choice of dicts holding parameters (a conditional space) gives one branch
+            assert _fits(domain, value), (
                 f"trial {suggestion.trial_id}: {sp.path_str(path)}={value!r} is outside "
                 f"{domain.domain_str}"
             )
