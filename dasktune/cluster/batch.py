@@ -24,7 +24,7 @@ from typing import Any
 
 from dask.utils import parse_bytes
 
-from dasktune.cluster._base import Progress, _quiet
+from dasktune.cluster._base import Progress, quiet
 from dasktune.cluster.config import BatchNodeConfig, ClusterConfig
 from dasktune.cluster.local import LocalProvider, process_alive, stop_processes
 from dasktune.cluster.walltime import job_end_time
@@ -107,7 +107,7 @@ class BatchProvider(LocalProvider):
         return self.config.node_config(self.config.worker_type_name).processes
 
     def up(self, *, restart_only: bool = False, timeout: float = 300.0,
-           progress: Progress = _quiet) -> dict[str, Any]:
+           progress: Progress = quiet) -> dict[str, Any]:
         if self.state.exists():
             old = self.state.read()
             head = [r for r in old.get("processes", []) if r["role"] == "scheduler"]
@@ -184,7 +184,7 @@ class BatchProvider(LocalProvider):
                 out[jid] = "queued-or-running"
         return out
 
-    def down(self, *, progress: Progress = _quiet) -> None:
+    def down(self, *, progress: Progress = quiet) -> None:
         if not self.state.exists():
             progress(f"cluster {self.name!r} is not up; nothing to do")
             return
