@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Sets up everything the test suite needs on a fresh machine, then runs it.
 #   bash scripts/test.sh [pytest args]
-# Creates .venv (Python >= 3.10), installs dasktune with its test, docs and release
-# extras and the CPU build of torch, installs Debian's chromium for the dashboard's browser test when
-# running as root, unpacks Ray Tune's example scripts (not Ray) for the test that runs
+# Creates .venv (Python >= 3.10), installs the CPU build of torch and dasktune with its
+# test, docs, release and all extras (every optional library; HEBO without its numpy
+# pin); as root, starts a local Slurm and installs Debian's chromium for the dashboard's
+# browser test; unpacks Ray Tune's example scripts (not Ray) for the test that runs
 # them on dasktune, and runs pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +22,12 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 # CPU torch first, so nothing later pulls a multi-GB CUDA build.
 .venv/bin/python -m pip install -q "torch==2.13.0" || echo "warning: torch not installed; its tests skip"
-.venv/bin/python -m pip install -q -e ".[test,s3,docs,release]"
+.venv/bin/python -m pip install -q -e ".[test,s3,docs,release,all]"
+# HEBO's release pins numpy<1.25 but runs on numpy 2: it goes in without its pins, its
+# other requirements beside it (pip's resolver would otherwise downgrade numpy and pandas).
+.venv/bin/python -m pip install -q --no-deps "HEBO>=0.3.6" GPy paramz disjoint-set \
+  && .venv/bin/python -m pip install -q catboost gpytorch pymoo \
+  || echo "warning: HEBO not installed; its tests skip"
 
 if ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
