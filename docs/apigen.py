@@ -33,9 +33,34 @@ def exists(name: str) -> bool:
         return False
 
 
+def needs_missing_library(exc: ImportError) -> bool:
+    """Whether ``exc`` comes from an optional third-party library that is not installed
+    (an integration's ``ImportError`` naming its pip extra), not from dasktune itself."""
+    while exc is not None:
+        name = getattr(exc, "name", None)
+        if isinstance(exc, ModuleNotFoundError) and name and not name.startswith("dasktune"):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def available(name: str) -> bool:
+    """Whether the listed module ``name`` exists and its optional libraries are installed;
+    any other import error propagates."""
+    if not exists(name):
+        return False
+    try:
+        importlib.import_module(name)
+    except ImportError as exc:
+        if needs_missing_library(exc):
+            return False
+        raise
+    return True
+
+
 def public_modules() -> list[ModuleType]:
-    """The listed modules that exist here, imported (an import error propagates)."""
-    return [importlib.import_module(name) for name in listed_modules() if exists(name)]
+    """The listed modules available here (:func:`available`), imported."""
+    return [importlib.import_module(name) for name in listed_modules() if available(name)]
 
 
 def public_names(module: ModuleType) -> list[str]:
@@ -71,8 +96,9 @@ def write_api_pages(docs: pathlib.Path) -> None:
     first: dict[int, str] = {}
     pages = []
     for name in listed_modules():
-        if not exists(name):
-            print(f"apigen: {name} is listed but does not exist here; left out", file=sys.stderr)
+        if not available(name):
+            print(f"apigen: {name} is listed but not importable here (missing, or its "
+                  f"optional library is not installed); left out", file=sys.stderr)
             continue
         module = importlib.import_module(name)
         entries = [_entry(name, attr, getattr(module, attr), first)

@@ -348,4 +348,5 @@ class LocalProvider(ClusterProvider):
             return f.read(), process_alive(rec)
 
     def jobs(self) -> list[tuple[str, bool]]:
+        """The submitted driver jobs and whether each is still running."""
         return [(r["job"], process_alive(r)) for r in self.state.read().get("jobs", [])]

@@ -45,6 +45,8 @@ def _hook(name: str) -> Any:
         if name in self._on:
             self._handle(trainer, args[0] if args else kwargs.get("pl_module"))
     hook.__name__ = name
+    hook.__doc__ = (f"Lightning's ``{name}``: reports (see :meth:`TuneCallback._handle`) when "
+                    f"``{name[3:]!r}`` is among the hooks named in ``on``.")
     return hook
 
 
