@@ -70,6 +70,9 @@ class Tuner:
         self._run_config = run_config or RunConfig()
         self._restored = _restored
         self._results: ResultGrid | None = None
+        # Ray's refusal of a metric or mode set both on the scheduler and in TuneConfig,
+        # made here so that nothing is written for a Tuner that cannot run.
+        tuner_build.make_scheduler(self._tune_config)
         if _restored is not None:
             _check_restored_matches(_restored, self._trainable_name, param_space)
             self._results = _restored.result_grid()
