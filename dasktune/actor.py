@@ -210,7 +210,9 @@ class TrialActor:
             batch = _batch(self._buffer, limit)
             finished = self._finished and len(batch) == len(self._buffer)
             reply = {"reports": batch, "finished": finished,
-                     "error": self._error if finished else None}
+                     "error": self._error if finished else None,
+                     # A fenced attempt's end is no trial's end: the driver lost it.
+                     "fenced": self.fenced_reason if finished else None}
         if finished:
             # The reply carries the attempt's last reports (they need no ack): from here
             # the actor may take an attempt queued after the thread ended.

@@ -6,9 +6,11 @@ events the executor emits."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import cloudpickle
+import pytest
 from distributed import Client
 from distributed.utils_test import gen_cluster
 
@@ -24,8 +26,23 @@ _CLUSTER = dict(client=False, nthreads=[("127.0.0.1", 1), ("127.0.0.1", 1)], tim
                 clean_kwargs={"threads": False, "instances": False})
 
 
+# Set when a test ends: the in-process workers' trial threads of long attempts (whose
+# worker was removed, or whose attempt was fenced) stop, and leave no trial bound in this
+# process for the tests after them.
+_TEST_OVER = threading.Event()
+
+
+@pytest.fixture(autouse=True)
+def _end_long_attempts():
+    _TEST_OVER.clear()
+    yield
+    _TEST_OVER.set()
+
+
 def _steps(config):
     for i in range(config["n"]):
+        if _TEST_OVER.is_set():
+            return
         tune.report({"i": i})
         time.sleep(config.get("sleep", 0.0))
 

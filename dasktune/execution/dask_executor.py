@@ -652,6 +652,11 @@ class DaskExecutor:
             if raw:
                 ack = raw[-1][0]
             reports = [Report(*r) for r in raw]
+            if reply["finished"] and reply.get("fenced"):
+                # Fenced (its task left the worker) and stopped at a report: what it did
+                # is not the trial's, and it did not finish the trial.
+                self._lost(run, f"attempt {fence} was fenced: {reply['fenced']}")
+                return
             if not reply["finished"]:
                 if reports:
                     taken.clear()
