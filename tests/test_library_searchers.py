@@ -264,17 +264,6 @@ def test_beats_random_search_on_a_quadratic(name, n):
     assert best < random_best(n), (best, random_best(n))
 
 
-@pytest.mark.slow
-def test_hebo_beats_random_search_in_batches():
-    pytest.importorskip("hebo")
-    from dasktune.search.hebo import HEBOSearch
-
-    searcher = HEBOSearch(random_state_seed=0, max_concurrent=4)
-    searcher.set_search_properties("loss", "min", FLOATS)
-    configs = drive(searcher, 12)
-    assert min(quadratic(c) for c in configs[4:]) < random_best(12)
-
-
 def test_maximizing_is_minimizing_the_negation():
     searcher = configured("nevergrad", FLOATS)
     searcher._mode = "max"
