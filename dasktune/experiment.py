@@ -339,6 +339,25 @@ def _catch_up(trial: Trial, storage: ExperimentStorage) -> None:
         trial.checkpoint = newest
 
 
+def _ended_in_storage(trial: Trial, storage: ExperimentStorage) -> bool:
+    """Whether the worker recorded that the trial's trainable returned (its end marker,
+    written before the driver heard of it); if so its final result becomes the last one,
+    logged to ``result.json`` when it is the one row the driver missed."""
+    end = storage.read_trial_end(trial.path) if trial.path else None
+    if end is None or int(end.get("attempt", 0)) < trial.attempt:
+        return False  # none, or an older attempt's (the trial went on after it)
+    result = end["result"]
+    it = int(result.get("training_iteration", 0))
+    if result and it > trial.logged_iteration:
+        if it == trial.logged_iteration + 1:
+            _append_result(storage, trial, result)
+            trial.logged_iteration = it
+        trial.update_last_result(dict(result, config=trial.config))
+    if trial.last_result:
+        trial.last_result = dict(trial.last_result, done=True)
+    return True
+
+
 def _append_result(storage: ExperimentStorage, trial: Trial, result: dict[str, Any]) -> None:
     import json
 
@@ -393,6 +412,9 @@ def _decide(trial: Trial, storage: ExperimentStorage, resume_unfinished: bool,
     if trial.status in (PENDING, RUNNING, PAUSED):
         if resume_unfinished:
             _catch_up(trial, storage)
+            if _ended_in_storage(trial, storage):
+                trial.status = TERMINATED  # its trainable returned: never run it again
+                return
             trial.status = PAUSED if trial.status == PAUSED else PENDING
         else:
             trial.status = TERMINATED
