@@ -8,6 +8,10 @@ Three files at the experiment root:
 - ``searcher-state.pkl``: the search algorithm's and scheduler's ``get_state()``.
 - ``tuner.pkl``: the param space and configs, written once (no trainable: restore is
   given it again, as in Ray).
+
+Restore also reads what the workers committed after the last save (checkpoints, and a
+trial's end marker: a trial whose trainable returned is TERMINATED, never rerun). Saving
+and restoring share this module because restore is the save's reader (hence ~420 lines).
 """
 
 from __future__ import annotations
