@@ -21,7 +21,7 @@ import logging
 import operator
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
@@ -206,6 +206,9 @@ class RestoredExperiment:
     uid: str
     saved_trials: list[Trial] | None = None
     trainable_name: str | None = None
+    # Trials whose trainable returned but no saved state says so: the searcher and
+    # scheduler restored from that state still count them as running.
+    ended_unheard: list[str] = field(default_factory=list)
 
     def result_grid(self) -> ResultGrid:
         """The results as saved (before any resume/restart decision)."""
@@ -300,13 +303,14 @@ def load(path: str, *, storage_filesystem: Any = None,
         run_config.stop = saved["stopper"]
     saved = [Trial.from_state(t) for t in state["trials"]]
     trials = [Trial.from_state(t) for t in state["trials"]]
-    for trial in trials:
-        _decide(trial, storage, resume_unfinished, resume_errored, restart_errored)
+    ended_unheard = [t.trial_id for t in trials
+                     if _decide(t, storage, resume_unfinished, resume_errored, restart_errored)]
     return RestoredExperiment(storage=storage, state=state, trials=trials,
                               param_space=static["param_space"], tune_config=tune_config,
                               run_config=run_config, search_alg=search_alg,
                               scheduler=scheduler, uid=uid, saved_trials=saved,
-                              trainable_name=static.get("trainable_name"))
+                              trainable_name=static.get("trainable_name"),
+                              ended_unheard=ended_unheard)
 
 
 def _catch_up(trial: Trial, storage: ExperimentStorage) -> None:
@@ -394,10 +398,12 @@ def _newest_of_lineage(trial: Trial, storage: ExperimentStorage) -> str | None:
 
 
 def _decide(trial: Trial, storage: ExperimentStorage, resume_unfinished: bool,
-            resume_errored: bool, restart_errored: bool) -> None:
+            resume_errored: bool, restart_errored: bool) -> bool:
+    """Set what ``trial`` does next; True when it ended in storage unheard (TERMINATED
+    by its end marker)."""
     trial.attempt = max(trial.attempt, len(trial.placements))
     if trial.status == TERMINATED:
-        return
+        return False
     if trial.status == ERROR:
         # Both flags set: resume wins, as in Ray's Tuner.restore.
         if resume_errored:
@@ -412,13 +418,14 @@ def _decide(trial: Trial, storage: ExperimentStorage, resume_unfinished: bool,
             trial.logged_iteration = 0
             trial.num_failures = 0
             trial.error_msg = None
-        return
+        return False
     if trial.status in (PENDING, RUNNING, PAUSED):
         if resume_unfinished:
             _catch_up(trial, storage)
             if _ended_in_storage(trial, storage):
                 trial.status = TERMINATED  # its trainable returned: never run it again
-                return
+                return True
             trial.status = PAUSED if trial.status == PAUSED else PENDING
         else:
             trial.status = TERMINATED
+    return False
