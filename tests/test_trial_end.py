@@ -113,8 +113,8 @@ path = os.path.join(storage, name)
 if tune.Tuner.can_restore(path):
     tuner = tune.Tuner.restore(path, train)
 else:
-    # One trial at a time: the second is suggested only once the searcher hears that the
-    # first completed, which the killed driver never told it.
+    # One trial at a time: the long trial starts only in the restored run, after the
+    # short one counts as TERMINATED.
     tuner = tune.Tuner(train, param_space={"iters": tune.grid_search([2, 12]), "sleep": 0.1},
                        tune_config=tune.TuneConfig(max_concurrent_trials=1),
                        run_config=tune.RunConfig(name=name, storage_path=storage, verbose=0,
