@@ -108,15 +108,28 @@ class Stall(tune.Callback):
         if os.environ.get("STALL") and result["training_iteration"] == 2:
             time.sleep(3600)
 
+class Two(tune.search.Searcher):
+    """The short trial, then the long one."""
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+    def suggest(self, trial_id):
+        self.n += 1
+        return {"iters": 2 if self.n == 1 else 12, "sleep": 0.1}
+    def get_state(self):
+        return {"n": self.n}
+    def set_state(self, state):
+        self.n = state["n"]
+
 tune.init(num_cpus=2)
 path = os.path.join(storage, name)
 if tune.Tuner.can_restore(path):
     tuner = tune.Tuner.restore(path, train)
 else:
-    # One trial at a time: the long trial starts only in the restored run, after the
-    # short one counts as TERMINATED.
-    tuner = tune.Tuner(train, param_space={"iters": tune.grid_search([2, 12]), "sleep": 0.1},
-                       tune_config=tune.TuneConfig(max_concurrent_trials=1),
+    # One trial at a time: the long one is suggested only once the searcher hears that the
+    # short one completed, which the killed driver never told it.
+    limited = tune.search.ConcurrencyLimiter(Two(), max_concurrent=1)
+    tuner = tune.Tuner(train, tune_config=tune.TuneConfig(search_alg=limited, num_samples=2),
                        run_config=tune.RunConfig(name=name, storage_path=storage, verbose=0,
                                                  callbacks=[Stall()]))
 results = tuner.fit()
