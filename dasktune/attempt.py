@@ -17,6 +17,7 @@ next ``tune.report`` or step boundary.
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import shutil
 import threading
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
     from dasktune.session import TrialSpec
 
 __all__ = ["Attempt", "checkpoint_due"]
+
+logger = logging.getLogger(__name__)
 
 #: ``emit(result, checkpoint_path)``: one report of the attempt.
 Emit = Callable[[dict[str, Any] | None, str | None], None]
@@ -101,16 +104,29 @@ class Attempt:
                                fenced=self.fenced.is_set)
         bind_session(session)
         error, keep = None, None
+        # The trial ended by itself: the function returned, or a result said done (its
+        # own ``done`` or the stop dict); not a driver's stop, pause or move.
+        ended = False
         try:
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(self.spec.gpu_ids)
             if is_class_trainable(self.spec.trainable):
                 keep = self._run_class(session, kept)
+                ended = session.done
             else:
                 self._run_function(session)
+                ended = True
         except StopTrial:
-            pass
+            ended = session.done
         except BaseException:  # noqa: BLE001 - the trial's error, reported to the driver
             error = traceback.format_exc()
+        try:
+            if ended:
+                # Durable before the attempt reports its end (as checkpoints are):
+                # a driver killed before it saved the end does not run it again.
+                session.record_end()
+        except Exception:  # noqa: BLE001 - the driver still hears of the end
+            logger.warning("trial %s: its end could not be recorded in storage",
+                           self.spec.trial_id, exc_info=True)
         finally:
             bind_session(None)
             session.close(failed=error is not None)

@@ -8,6 +8,10 @@ Three files at the experiment root:
 - ``searcher-state.pkl``: the search algorithm's and scheduler's ``get_state()``.
 - ``tuner.pkl``: the param space and configs, written once (no trainable: restore is
   given it again, as in Ray).
+
+Restore also reads what the workers committed after the last save (checkpoints, and a
+trial's end marker: a trial whose trainable returned is TERMINATED, never rerun). Saving
+and restoring share this module because restore is the save's reader (hence ~420 lines).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import logging
 import operator
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
@@ -202,6 +206,9 @@ class RestoredExperiment:
     uid: str
     saved_trials: list[Trial] | None = None
     trainable_name: str | None = None
+    # Trials whose trainable returned but no saved state says so: the searcher and
+    # scheduler restored from that state still count them as running.
+    ended_unheard: list[str] = field(default_factory=list)
 
     def result_grid(self) -> ResultGrid:
         """The results as saved (before any resume/restart decision)."""
@@ -296,13 +303,14 @@ def load(path: str, *, storage_filesystem: Any = None,
         run_config.stop = saved["stopper"]
     saved = [Trial.from_state(t) for t in state["trials"]]
     trials = [Trial.from_state(t) for t in state["trials"]]
-    for trial in trials:
-        _decide(trial, storage, resume_unfinished, resume_errored, restart_errored)
+    ended_unheard = [t.trial_id for t in trials
+                     if _decide(t, storage, resume_unfinished, resume_errored, restart_errored)]
     return RestoredExperiment(storage=storage, state=state, trials=trials,
                               param_space=static["param_space"], tune_config=tune_config,
                               run_config=run_config, search_alg=search_alg,
                               scheduler=scheduler, uid=uid, saved_trials=saved,
-                              trainable_name=static.get("trainable_name"))
+                              trainable_name=static.get("trainable_name"),
+                              ended_unheard=ended_unheard)
 
 
 def _catch_up(trial: Trial, storage: ExperimentStorage) -> None:
@@ -339,6 +347,25 @@ def _catch_up(trial: Trial, storage: ExperimentStorage) -> None:
         trial.checkpoint = newest
 
 
+def _ended_in_storage(trial: Trial, storage: ExperimentStorage) -> bool:
+    """Whether the worker recorded that the trial's trainable returned (its end marker,
+    written before the driver heard of it); if so its final result becomes the last one,
+    logged to ``result.json`` when it is the one row the driver missed."""
+    end = storage.read_trial_end(trial.path) if trial.path else None
+    if end is None or int(end.get("attempt", 0)) < trial.attempt:
+        return False  # none, or an older attempt's (the trial went on after it)
+    result = end["result"]
+    it = int(result.get("training_iteration", 0))
+    if result and it > trial.logged_iteration:
+        if it == trial.logged_iteration + 1:
+            _append_result(storage, trial, result)
+            trial.logged_iteration = it
+        trial.update_last_result(dict(result, config=trial.config))
+    if trial.last_result:
+        trial.last_result = dict(trial.last_result, done=True)
+    return True
+
+
 def _append_result(storage: ExperimentStorage, trial: Trial, result: dict[str, Any]) -> None:
     import json
 
@@ -371,10 +398,12 @@ def _newest_of_lineage(trial: Trial, storage: ExperimentStorage) -> str | None:
 
 
 def _decide(trial: Trial, storage: ExperimentStorage, resume_unfinished: bool,
-            resume_errored: bool, restart_errored: bool) -> None:
+            resume_errored: bool, restart_errored: bool) -> bool:
+    """Set what ``trial`` does next; True when it ended in storage unheard (TERMINATED
+    by its end marker)."""
     trial.attempt = max(trial.attempt, len(trial.placements))
     if trial.status == TERMINATED:
-        return
+        return False
     if trial.status == ERROR:
         # Both flags set: resume wins, as in Ray's Tuner.restore.
         if resume_errored:
@@ -389,10 +418,14 @@ def _decide(trial: Trial, storage: ExperimentStorage, resume_unfinished: bool,
             trial.logged_iteration = 0
             trial.num_failures = 0
             trial.error_msg = None
-        return
+        return False
     if trial.status in (PENDING, RUNNING, PAUSED):
         if resume_unfinished:
             _catch_up(trial, storage)
+            if _ended_in_storage(trial, storage):
+                trial.status = TERMINATED  # its trainable returned: never run it again
+                return True
             trial.status = PAUSED if trial.status == PAUSED else PENDING
         else:
             trial.status = TERMINATED
+    return False

@@ -102,6 +102,7 @@ class TrialSession:
         self._date_second = -1
         self._date_text = ""
         self._at_end: list[Callable[[bool], None]] = []
+        self.last_result: dict[str, Any] | None = None  # the newest report's result
 
     # ------------------------------------------------------------ results
     def fill_auto_fields(self, metrics: dict[str, Any]) -> dict[str, Any]:
@@ -175,9 +176,30 @@ class TrialSession:
         hit = stop_dict_hit(self.spec.stop, result)
         if hit:
             result["done"] = True
+        self.last_result = result
         self._emit(result, path)
         if hit or self._should_stop(path is not None):
             raise StopTrial()
+
+    @property
+    def done(self) -> bool:
+        """Whether the newest result says the trial is done (its ``done`` key, or the
+        stop dict hit)."""
+        return bool(self.last_result and self.last_result.get("done"))
+
+    def record_end(self) -> None:
+        """Write the trial-end marker (the trainable returned; its final result) to
+        storage, unless this attempt was fenced: a restore then counts the trial as
+        TERMINATED even if no driver recorded its end."""
+        if self._fenced is not None and self._fenced():
+            return
+        result = {k: v for k, v in (self.last_result or {}).items() if k != "config"}
+        self.spec.storage.write_trial_end(self.spec.trial_path, {
+            "trial_id": self.spec.trial_id,
+            "attempt": self.spec.attempt,
+            "training_iteration": self.iteration,
+            "result": result,
+        })
 
     def local_trial_dir(self) -> str:
         """A folder for the user's own files: the trial's folder if storage is local."""

@@ -8,6 +8,11 @@ Layout under ``<storage_path>/<name>/``::
     <trial dir>/params.json, params.pkl, result.json, progress.csv, events.out.tfevents.*
     <trial dir>/checkpoint_000003/...   + .dasktune_checkpoint.json (written last)
     <trial dir>/error.txt
+    <trial dir>/.dasktune_trial_end.json   the trainable returned: its final result
+
+The trial-end marker is written by the worker (atomically, before the attempt reports
+its end), so a driver killed before it recorded the trial's end does not run the
+trial again on restore.
 
 Commit protocol for checkpoints (holds on object stores, which cannot rename):
 files are uploaded into a directory that never existed before; a manifest listing
@@ -47,6 +52,7 @@ from dasktune.s3_upload import is_s3, s3_put, transfer_setting
 logger = logging.getLogger(__name__)
 
 MANIFEST = ".dasktune_checkpoint.json"
+TRIAL_END_FILE = ".dasktune_trial_end.json"  # the trainable returned (see write_trial_end)
 STATE_FILE = "experiment_state.json"
 SEARCHER_STATE_FILE = "searcher-state.pkl"
 TUNER_FILE = "tuner.pkl"
@@ -432,6 +438,21 @@ class ExperimentStorage:
         self.write_bytes(posixpath.join(dest, MANIFEST),
                          json.dumps(manifest, default=json_default).encode())
         return dest
+
+    def write_trial_end(self, trial_path: str, end: dict[str, Any]) -> None:
+        """Record that a trial's trainable returned: ``end`` holds ``attempt``,
+        ``training_iteration`` and the final ``result`` (replaced atomically)."""
+        self.makedirs(trial_path)
+        self.write_json(posixpath.join(trial_path, TRIAL_END_FILE), end, durable=True)
+
+    def read_trial_end(self, trial_path: str) -> dict[str, Any] | None:
+        """The trial-end marker :meth:`write_trial_end` wrote, or None (absent or broken)."""
+        path = posixpath.join(trial_path, TRIAL_END_FILE)
+        try:
+            end = self.read_json(path)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError, ValueError):
+            return None
+        return end if isinstance(end, dict) and isinstance(end.get("result"), dict) else None
 
     def read_manifest(self, checkpoint_path: str) -> dict[str, Any] | None:
         """The manifest of a committed checkpoint, or None if it is absent or broken.

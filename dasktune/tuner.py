@@ -137,7 +137,8 @@ class Tuner:
         )
         controller = TuneController(plan, search_alg, scheduler, executor, callbacks,
                                     trials=trials, save_state=state_writer,
-                                    reporter=tuner_build.make_reporter(rc, tc))
+                                    reporter=tuner_build.make_reporter(rc, tc),
+                                    ended_unheard=restored.ended_unheard if restored else ())
         state_writer.write_static()
         try:
             # Before the first trial exists, so a bad option costs no work (Ray: at fit()).

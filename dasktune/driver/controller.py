@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from dasktune import _dask_config
@@ -105,6 +106,8 @@ class TuneController(TrialEvents):
         executor: runs the attempts.
         callbacks: told of everything (loggers, dashboard, the user's).
         trials: trials of a restored experiment.
+        ended_unheard: ids of restored trials whose trainable returned with no saved state
+            saying so: the searcher and scheduler are told they completed.
         save_state: writes the experiment state (``save_state(controller, wait=...)``).
         reporter: the console's progress reporter.
     """
@@ -112,7 +115,7 @@ class TuneController(TrialEvents):
     def __init__(self, plan: ExperimentPlan, search_alg: SearchAlgorithm,
                  scheduler: TrialScheduler, executor: Executor, callbacks: list[Callback],
                  *, trials: list[Trial] | None = None, save_state: Any = None,
-                 reporter: Any = None):
+                 reporter: Any = None, ended_unheard: Collection[str] = ()):
         self.plan = plan
         tc = plan.tune_config
         self.trainable = plan.trainable
@@ -129,6 +132,7 @@ class TuneController(TrialEvents):
         self.index = TrialIndex(list(trials or []))
         self.trials = self.index.trials
         self._by_id = self.index.by_id
+        self._ended_unheard = list(ended_unheard)
         self._save_state = save_state
         self.saves = StateSaves(None if save_state is None else self._write_state)
         self.book = CheckpointBook(plan.storage, plan.checkpoint_config, self.trials,
@@ -180,6 +184,14 @@ class TuneController(TrialEvents):
         for trial in self.trials:
             if trial.status == PENDING:
                 self.scheduler.on_trial_add(self._ctx, trial)
+        for trial_id in self._ended_unheard:
+            # Its worker recorded its end, the killed driver did not: the restored
+            # searcher and scheduler still count it as running (a ConcurrencyLimiter slot).
+            trial = self._by_id[trial_id]
+            final = dict(trial.last_result)
+            self.scheduler.on_trial_complete(self._ctx, trial, final)
+            self.search_alg.on_trial_complete(trial_id, result=final)
+            self.saves.dirty = True
         try:
             while not self._finished():
                 self._step()
