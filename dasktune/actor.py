@@ -20,6 +20,7 @@ wait for the driver's next poll of it, which also learns that the queued one sta
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import os
 import socket
 import threading
@@ -112,8 +113,15 @@ class TrialActor:
         self._loop = asyncio.get_running_loop()
         self._wakeup = asyncio.Event()
         self._ended = asyncio.Event()
+        # The thread runs in a copy of this method's context, as ``asyncio.to_thread``
+        # would: Dask marks the worker running an actor's method in a context variable,
+        # so in the trial ``distributed.get_worker()``, ``get_client()``,
+        # ``worker_client()`` and ``dask.compute`` reach this worker's cluster. The
+        # thread is not one of the worker's task threads: tasks the trial waits on never
+        # wait for the thread it holds (``worker_client`` has nothing to secede).
+        context = contextvars.copy_context()
         self._thread = threading.Thread(
-            target=self._run, args=(worker.address,), daemon=True,
+            target=context.run, args=(self._run, worker.address), daemon=True,
             name=f"dasktune-trial-{self.spec.trial_id}-{self.spec.attempt}",
         )
         self._thread.start()
