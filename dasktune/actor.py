@@ -66,6 +66,7 @@ class TrialActor:
         self._wakeup: asyncio.Event | None = None
         self._ended: asyncio.Event | None = None  # set when an attempt's code ends
         self._where: dict[str, Any] = {}  # what start() returned: pid, host, worker
+        self._cluster: tuple[str, Any] | None = None  # the worker's scheduler, security
         self._last_poll = time.monotonic()
         # Attempts that ended in the thread that went on to their queued successors,
         # each until a poll has handed its last reports to the driver (see _hand_over);
@@ -110,6 +111,8 @@ class TrialActor:
 
         worker = get_worker()
         scratch.set_root(worker.local_directory)  # removed by Dask if this worker dies
+        # Where an isolated attempt's child connects its client (dasktune.isolation).
+        self._cluster = (worker.scheduler.address, worker.security)
         self._loop = asyncio.get_running_loop()
         self._wakeup = asyncio.Event()
         self._ended = asyncio.Event()
@@ -377,7 +380,7 @@ class TrialActor:
     def _run_attempt(self, worker_address: str) -> None:
         if isolation.wants_process(self.spec):  # GPUs: a process that sees only its devices
             try:
-                isolation.run_in_process(self._attempt, worker_address)
+                isolation.run_in_process(self._attempt, worker_address, self._cluster)
             except BaseException:  # noqa: BLE001 - the trial's error, reported to the driver
                 self._error = traceback.format_exc()
             return

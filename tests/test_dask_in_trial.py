@@ -144,3 +144,29 @@ def test_xgboost_dask_train_in_a_trial(cluster, tmp_path):
     rows = _fit(trainable, tmp_path, [3])
     # Ten rounds on a separable rule: well below a coin flip's log loss (0.69).
     assert 0 < rows[0]["train_logloss"] < 0.4
+
+
+def test_isolated_trial_process_reaches_the_cluster(cluster, tmp_path):
+    """A trial in its own process (GPU trials, or ``dasktune.executor.isolate``): its
+    default client is the cluster's, though it is no Dask worker."""
+    import os
+
+    import dask.config
+
+    def trainable(config: dict[str, Any]) -> None:
+        from distributed import get_worker
+
+        try:
+            get_worker()
+            in_worker = True
+        except ValueError:
+            in_worker = False
+        tune.report({**_array_sums(config["k"]), "pid": os.getpid(), "in_worker": in_worker})
+
+    with dask.config.set({"dasktune.executor.isolate": True}):
+        rows = _fit(trainable, tmp_path, [4])
+    _check_sums(rows, cluster.address)
+    with cluster.client() as client:
+        worker_pids = set(client.run(os.getpid).values())
+    assert rows[0]["pid"] not in worker_pids  # it did run in a child process
+    assert rows[0]["in_worker"] is False
