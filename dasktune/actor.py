@@ -20,6 +20,7 @@ wait for the driver's next poll of it, which also learns that the queued one sta
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import os
 import socket
 import threading
@@ -65,6 +66,7 @@ class TrialActor:
         self._wakeup: asyncio.Event | None = None
         self._ended: asyncio.Event | None = None  # set when an attempt's code ends
         self._where: dict[str, Any] = {}  # what start() returned: pid, host, worker
+        self._cluster: tuple[str, Any] | None = None  # the worker's scheduler, security
         self._last_poll = time.monotonic()
         # Attempts that ended in the thread that went on to their queued successors,
         # each until a poll has handed its last reports to the driver (see _hand_over);
@@ -109,11 +111,20 @@ class TrialActor:
 
         worker = get_worker()
         scratch.set_root(worker.local_directory)  # removed by Dask if this worker dies
+        # Where an isolated attempt's child connects its client (dasktune.isolation).
+        self._cluster = (worker.scheduler.address, worker.security)
         self._loop = asyncio.get_running_loop()
         self._wakeup = asyncio.Event()
         self._ended = asyncio.Event()
+        # The thread runs in a copy of this method's context, as ``asyncio.to_thread``
+        # would: Dask marks the worker running an actor's method in a context variable,
+        # so in the trial ``distributed.get_worker()``, ``get_client()``,
+        # ``worker_client()`` and ``dask.compute`` reach this worker's cluster. The
+        # thread is not one of the worker's task threads: tasks the trial waits on never
+        # wait for the thread it holds (``worker_client`` has nothing to secede).
+        context = contextvars.copy_context()
         self._thread = threading.Thread(
-            target=self._run, args=(worker.address,), daemon=True,
+            target=context.run, args=(self._run, worker.address), daemon=True,
             name=f"dasktune-trial-{self.spec.trial_id}-{self.spec.attempt}",
         )
         self._thread.start()
@@ -371,7 +382,7 @@ class TrialActor:
     def _run_attempt(self, worker_address: str) -> None:
         if isolation.wants_process(self.spec):  # GPUs: a process that sees only its devices
             try:
-                isolation.run_in_process(self._attempt, worker_address)
+                isolation.run_in_process(self._attempt, worker_address, self._cluster)
             except BaseException:  # noqa: BLE001 - the trial's error, reported to the driver
                 self._error = traceback.format_exc()
             return

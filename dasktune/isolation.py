@@ -19,6 +19,11 @@ pair:
 * parent -> child: ``("stop", after_checkpoint)`` when the actor is asked to stop,
   ``("fence",)`` when it was fenced (stop, and commit no further checkpoint).
 
+Dask inside the trial: the child connects a client to the worker's scheduler (with the
+worker's security) and makes it the process's default, so ``distributed.get_client()``
+and ``dask.compute`` reach the cluster as they do in an in-thread trial. The child is no
+Dask worker: ``distributed.get_worker()`` and ``worker_client()`` raise there.
+
 The child never outlives its trial: it exits when the socket closes (the worker went
 away) and, on Linux, is also killed by the kernel when the thread that started it dies
 (``PR_SET_PDEATHSIG``). A child that dies without saying ``done`` errors the trial with
@@ -37,10 +42,12 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
+from distributed import Client
 
 from dasktune import _dask_config, scratch
 from dasktune.attempt import Attempt
@@ -99,8 +106,12 @@ def child_devices(gpu_ids: list[str], worker_visible: list[str] | None = None) -
 
 
 # ---------------------------------------------------------------------------------- parent
-def run_in_process(attempt: Attempt, worker_address: str) -> None:
+def run_in_process(attempt: Attempt, worker_address: str,
+                   cluster: tuple[str, Any] | None = None) -> None:
     """Run ``attempt`` in a child process; return when it ended.
+
+    ``cluster`` (the worker's scheduler address and its ``distributed.Security``) is
+    the cluster the child's default client connects to (see the module docs).
 
     Reports go to ``attempt.emit``; its stop flags are relayed to the child.
     Returns normally when the trial finished or was stopped.
@@ -113,7 +124,7 @@ def run_in_process(attempt: Attempt, worker_address: str) -> None:
     devices = child_devices(list(spec.gpu_ids))
     spec.gpu_ids = devices
     spec.trainable = dumps_trainable(attempt.spec.trainable)
-    payload = cloudpickle.dumps((spec, attempt.params, worker_address))
+    payload = cloudpickle.dumps((spec, attempt.params, worker_address, cluster))
 
     env = dict(os.environ)
     env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
@@ -245,7 +256,7 @@ def _child_main(fd: int, parent_pid: int) -> None:
     """Entry point of the trial process: run the attempt, relay to the parent, exit."""
     _die_with_parent(parent_pid)
     conn = Connection(fd)
-    spec, params, worker_address = cloudpickle.loads(conn.recv_bytes())
+    spec, params, worker_address, cluster = cloudpickle.loads(conn.recv_bytes())
     spec.trainable = cloudpickle.loads(spec.trainable)
     send_lock = threading.Lock()  # user threads may report too
 
@@ -257,7 +268,16 @@ def _child_main(fd: int, parent_pid: int) -> None:
     attempt = Attempt(spec, params, emit)
     threading.Thread(target=_watch_parent, args=(conn, attempt), daemon=True,
                      name="dasktune-parent-watch").start()
-    error, _ = attempt.run(worker_address)
+    try:
+        if cluster is not None:
+            address, security = cluster
+            # The process's default client, as the worker's is for an in-thread trial;
+            # it goes with the process (os._exit below).
+            Client(address, security=security, set_as_default=True,
+                   name=f"dasktune-trial-{spec.trial_id}")
+        error, _ = attempt.run(worker_address)
+    except BaseException:  # noqa: BLE001 - no client: the trial's error, for the driver
+        error = traceback.format_exc()
     try:
         with send_lock:
             conn.send_bytes(pickle.dumps(("done", error)))
