@@ -419,7 +419,13 @@ class DaskExecutor:
                 # it here, in one step with the end of the last, so no other trial is
                 # placed into the slot in between.
                 tid, info = started
-                run = self._queued.pop(tid)
+                run = self._queued.pop(tid, None)
+                if run is None:
+                    # Taken back first (its UNQUEUED event came, or the executor is shutting
+                    # down): no one will poll it, and once its actor's future is dropped
+                    # the fence plugin stops it at its next report.
+                    logger.debug("trial %s started on its queue after it was taken back", tid)
+                    continue
                 self._runs[tid] = run
                 self._ledger.add(run.worker, run.resources)
                 out.append(_started(tid, run, info))
