@@ -33,6 +33,9 @@ def test_a_second_cluster_gets_another_dashboard_port_without_a_warning(tmp_path
     """Port 8787 taken (another Dask cluster): the embedded one takes a free port, says
     nothing of the clash, and prints the link it got, once."""
     with socket.socket() as other:
+        # As servers do: a closed connection of an earlier test's dashboard (TIME_WAIT)
+        # must not make the port look taken when nothing listens on it.
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             other.bind(("127.0.0.1", 8787))
             other.listen()
