@@ -443,7 +443,9 @@ class ExperimentStorage:
         """Record that a trial's trainable returned: ``end`` holds ``attempt``,
         ``training_iteration`` and the final ``result`` (replaced atomically)."""
         self.makedirs(trial_path)
-        self.write_json(posixpath.join(trial_path, TRIAL_END_FILE), end, durable=True)
+        # Atomic, not fsynced: it must outlive a killed driver (the page cache does), and
+        # an fsync in every trial's last step cost short trials 10-17% of their time.
+        self.write_json(posixpath.join(trial_path, TRIAL_END_FILE), end)
 
     def read_trial_end(self, trial_path: str) -> dict[str, Any] | None:
         """The trial-end marker :meth:`write_trial_end` wrote, or None (absent or broken)."""
