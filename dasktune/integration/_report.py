@@ -1,5 +1,6 @@
 """What the training-library callbacks share: picking the metrics to report by Ray's
-``metrics`` argument, and reporting a checkpoint written into a temporary folder."""
+``metrics`` argument, the boosting callbacks' common settings, and reporting a checkpoint
+written into a temporary folder."""
 
 from __future__ import annotations
 
@@ -54,3 +55,37 @@ def report_checkpoint(metrics: dict[str, Any], write: Callable[[str], None]) -> 
     with tempfile.TemporaryDirectory(prefix="dasktune-ckpt-") as folder:
         write(folder)
         report(metrics, checkpoint=Checkpoint.from_directory(folder))
+
+
+PostProcess = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class BoostingReport:
+    """Ray's arguments of the XGBoost and LightGBM ``TuneReportCheckpointCallback``
+    (checked once, here) and how a round's metrics become the dict reported.
+
+    A base of both callbacks; it calls ``super().__init__()`` so a library base class
+    that comes after it (XGBoost's ``TrainingCallback``) is initialised too.
+    """
+
+    def __init__(self, metrics: Metrics, filename: str, frequency: int,
+                 checkpoint_at_end: bool, results_postprocessing_fn: PostProcess | None):
+        if not isinstance(frequency, int) or frequency < 0:
+            raise ValueError(f"frequency must be an integer >= 0, got {frequency!r}")
+        super().__init__()
+        self._metrics = normalize_metrics(metrics)
+        self._filename = filename
+        self._frequency = frequency
+        self._checkpoint_at_end = checkpoint_at_end
+        self._results_postprocessing_fn = results_postprocessing_fn
+
+    def _report_dict(self, latest: Mapping[str, Any]) -> dict[str, Any]:
+        """The metrics to report from ``latest`` (every metric of the round by name)."""
+        out = pick_metrics(self._metrics, latest)
+        if self._results_postprocessing_fn is not None:
+            out = self._results_postprocessing_fn(out)
+        return out
+
+    def _checkpoint_due(self, round_index: int) -> bool:
+        """Whether the round ``round_index`` (0-based) is a ``frequency`` checkpoint."""
+        return bool(self._frequency) and (round_index + 1) % self._frequency == 0

@@ -12,7 +12,6 @@ otherwise), loadable with ``lightgbm.Booster(model_file=...)`` or
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from typing import Any
 
 try:
@@ -23,13 +22,11 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
                       'pip install "dasktune[lightgbm]"') from exc
 
 from dasktune.checkpoint import Checkpoint
-from dasktune.integration._report import Metrics, normalize_metrics, pick_metrics, report_checkpoint
+from dasktune.integration._report import BoostingReport, Metrics, PostProcess, report_checkpoint
 from dasktune.session import report
 
-PostProcess = Callable[[dict[str, Any]], dict[str, Any]]
 
-
-class TuneReportCheckpointCallback:
+class TuneReportCheckpointCallback(BoostingReport):
     """Report LightGBM's eval metrics after every round; checkpoint the booster every
     ``frequency`` rounds (0: never during training) and after the last round.
 
@@ -48,13 +45,8 @@ class TuneReportCheckpointCallback:
     def __init__(self, metrics: Metrics = None, filename: str = CHECKPOINT_NAME,
                  frequency: int = 0, checkpoint_at_end: bool = True,
                  results_postprocessing_fn: PostProcess | None = None):
-        if not isinstance(frequency, int) or frequency < 0:
-            raise ValueError(f"frequency must be an integer >= 0, got {frequency!r}")
-        self._metrics = normalize_metrics(metrics)
-        self._filename = filename
-        self._frequency = frequency
-        self._checkpoint_at_end = checkpoint_at_end
-        self._results_postprocessing_fn = results_postprocessing_fn
+        super().__init__(metrics, filename, frequency, checkpoint_at_end,
+                         results_postprocessing_fn)
 
     @classmethod
     def get_model(cls, checkpoint: Checkpoint, filename: str = CHECKPOINT_NAME) -> Booster:
@@ -76,12 +68,9 @@ class TuneReportCheckpointCallback:
         return out
 
     def __call__(self, env: CallbackEnv) -> None:
-        metrics = pick_metrics(self._metrics, self._eval_result(env))
-        if self._results_postprocessing_fn is not None:
-            metrics = self._results_postprocessing_fn(metrics)
+        metrics = self._report_dict(self._eval_result(env))
         last = env.iteration == env.end_iteration - 1
-        if (last and self._checkpoint_at_end) or \
-                (self._frequency and (env.iteration + 1) % self._frequency == 0):
+        if (last and self._checkpoint_at_end) or self._checkpoint_due(env.iteration):
             report_checkpoint(metrics, lambda folder: env.model.save_model(
                 os.path.join(folder, self._filename)))
         else:

@@ -11,7 +11,6 @@ Checkpoints hold the booster saved by ``Booster.save_model`` (``model.ubj`` unle
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from typing import Any
 
 try:
@@ -22,14 +21,12 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
                       'pip install "dasktune[xgboost]"') from exc
 
 from dasktune.checkpoint import Checkpoint
-from dasktune.integration._report import Metrics, normalize_metrics, pick_metrics, report_checkpoint
+from dasktune.integration._report import BoostingReport, Metrics, PostProcess, report_checkpoint
 from dasktune.logger import flatten_dict
 from dasktune.session import report
 
-PostProcess = Callable[[dict[str, Any]], dict[str, Any]]
 
-
-class TuneReportCheckpointCallback(TrainingCallback):
+class TuneReportCheckpointCallback(BoostingReport, TrainingCallback):
     """Report XGBoost's eval metrics after every round; checkpoint the booster every
     ``frequency`` rounds (0: never during training) and at the end of training.
 
@@ -50,14 +47,8 @@ class TuneReportCheckpointCallback(TrainingCallback):
     def __init__(self, metrics: Metrics = None, filename: str = CHECKPOINT_NAME,
                  frequency: int = 0, checkpoint_at_end: bool = True,
                  results_postprocessing_fn: PostProcess | None = None):
-        if not isinstance(frequency, int) or frequency < 0:
-            raise ValueError(f"frequency must be an integer >= 0, got {frequency!r}")
-        super().__init__()
-        self._metrics = normalize_metrics(metrics)
-        self._filename = filename
-        self._frequency = frequency
-        self._checkpoint_at_end = checkpoint_at_end
-        self._results_postprocessing_fn = results_postprocessing_fn
+        super().__init__(metrics, filename, frequency, checkpoint_at_end,
+                         results_postprocessing_fn)
         self._evals_log: dict[str, Any] | None = None
         self._last_checkpoint_round: int | None = None
 
@@ -69,12 +60,10 @@ class TuneReportCheckpointCallback(TrainingCallback):
             booster.load_model(os.path.join(folder, filename))
             return booster
 
-    def _report_dict(self, evals_log: dict[str, Any]) -> dict[str, Any]:
-        latest = {k: v[-1] for k, v in flatten_dict(evals_log, delimiter="-").items()}
-        out = pick_metrics(self._metrics, latest)
-        if self._results_postprocessing_fn is not None:
-            out = self._results_postprocessing_fn(out)
-        return out
+    @staticmethod
+    def _latest(evals_log: dict[str, Any]) -> dict[str, Any]:
+        """XGBoost's eval log as ``{"<set>-<metric>": value of the last round}``."""
+        return {k: v[-1] for k, v in flatten_dict(evals_log, delimiter="-").items()}
 
     def _checkpoint(self, metrics: dict[str, Any], model: Booster) -> None:
         report_checkpoint(metrics, lambda folder: model.save_model(
@@ -82,8 +71,8 @@ class TuneReportCheckpointCallback(TrainingCallback):
 
     def after_iteration(self, model: Booster, epoch: int, evals_log: dict[str, Any]) -> bool:
         self._evals_log = evals_log
-        metrics = self._report_dict(evals_log)
-        if self._frequency and (epoch + 1) % self._frequency == 0:
+        metrics = self._report_dict(self._latest(evals_log))
+        if self._checkpoint_due(epoch):
             self._last_checkpoint_round = epoch
             self._checkpoint(metrics, model)
         else:
@@ -96,7 +85,7 @@ class TuneReportCheckpointCallback(TrainingCallback):
         if self._last_checkpoint_round is not None and \
                 model.num_boosted_rounds() - 1 == self._last_checkpoint_round:
             return model  # the last round was checkpointed already
-        metrics = self._report_dict(self._evals_log) if self._evals_log else {}
+        metrics = self._report_dict(self._latest(self._evals_log)) if self._evals_log else {}
         self._checkpoint(metrics, model)
         return model
 
