@@ -548,6 +548,50 @@ def test_retired_worker_with_only_an_idle_actor_leaves(cluster, tmp_path):
 
 
 
+def test_worker_at_its_lifetime_moves_its_trial_quietly(cluster, tmp_path):
+    """``dask worker --lifetime`` (dask-jobqueue's walltime recipe) closes a worker that
+    holds a trial: the trial moves (a class trainable checkpoints on demand, nothing run
+    twice, no failure) and the worker says nothing worse than Dask says without dasktune.
+
+    Dask refuses the worker's own retirement (it holds an actor) and sends its old status
+    back; landing after the close began, that ran the close twice, the second time on a
+    closed connection pool (``ConnectionPool is closed``, with two tracebacks)."""
+    procs = cluster(0, nanny=True)
+    first = procs.add_worker("--lifetime", "10s", "--lifetime-stagger", "0s")
+    procs.wait_workers(1)
+    moved = str(tmp_path / "moved")  # a file, not an Event: the experiment is saved
+    exp = tmp_path / "results" / "lifetime"
+    tuner = tune.Tuner(
+        Counter, param_space={"iters": 10_000, "sleep": 0.2},
+        run_config=tune.RunConfig(name="lifetime", storage_path=str(tmp_path / "results"),
+                                  verbose=0, stop=lambda _tid, _result: os.path.exists(moved)))
+    thread, out = run_in_thread(tuner.fit)
+    d = wait_for(lambda: (trial_dirs(str(exp)) or [None])[0], what="the trial folder")
+    wait_for(lambda: executed_by(d, 1) >= 1, timeout=60, what="the trial running")
+    import psutil
+
+    assert psutil.Process(live_attempt(d)["pid"]).ppid() == first.pid  # on the nanny's child
+    procs.add_worker()  # where the trial moves to
+    wait_for(lambda: first.poll() is not None, timeout=60, what="the worker's lifetime end")
+    wait_for(lambda: executed_by(d, 2) >= 3, timeout=60, what="the moved trial running")
+    open(moved, "w").close()
+    results = join(thread, out)
+    (trial,) = results._trials
+    assert trial.status == TERMINATED and trial.num_failures == 0 and trial.num_restarts == 0
+    rows = assert_one_lineage(d, len(result_rows(d)))
+    executed = [r["it"] for r in read_jsonl(os.path.join(d, "executed.jsonl"))]
+    assert len(executed) == len(set(executed))  # none run twice (the last may be unlogged)
+    assert set(executed) >= {r["training_iteration"] for r in rows}
+    assert [a["attempt"] for a in read_jsonl(os.path.join(d, "attempts.jsonl"))] == [1, 2]
+    with open(os.path.join(procs.logdir, "worker-0.log"), errors="replace") as f:
+        log = f.read()
+    assert "Closing worker gracefully" in log and "worker-lifetime-reached" in log
+    errors = {line.split(" - ERROR - ", 1)[1] for line in log.splitlines()
+              if " - ERROR - " in line}
+    # Dask's nanny logs this at a lifetime end on its own (its stop queue closes under it).
+    assert errors <= {"Worker process died unexpectedly"}, log
+    assert "ConnectionPool is closed" not in log
+
 # ------------------------------------- 6. a call cancelled under the driver, not by it
 def test_call_cancelled_under_the_driver_restarts_the_attempt(local_client, tmp_path,
                                                               monkeypatch):

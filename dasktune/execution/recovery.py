@@ -26,6 +26,12 @@ CLI's ``Nanny.close(timeout=10)``), so keep the timeout below that. With
 ``--no-nanny`` a SIGTERM gives no such chance: the trials are lost and restart from
 their newest committed checkpoints.
 
+A closing worker stays closing: Dask answers a refused retirement (one that holds an
+actor, as a worker reaching ``--lifetime`` with a trial does) by sending the worker back
+its old status, and when that arrives after the worker began to close it would reopen
+it, so that the close ran twice and the second failed (``ConnectionPool is closed``,
+logged as errors with tracebacks). :class:`EvacuatePlugin` drops such a status change.
+
 A worker inside a batch job retires itself before the job's time limit
 (:class:`~dasktune.cluster.walltime.WalltimePlugin`, installed by :func:`register`
 with the others), which is the graceful path above.
@@ -47,9 +53,11 @@ the scheduler (``pip install dasktune`` there, as for any plugin).
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from distributed.core import Status
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 
 from dasktune.cluster.walltime import PLUGIN_NAME as WALLTIME_PLUGIN_NAME
@@ -58,6 +66,8 @@ from dasktune.cluster.walltime import TARGET_PLUGIN_NAME, WalltimePlugin, Wallti
 if TYPE_CHECKING:
     from distributed import Scheduler, Worker
 
+logger = logging.getLogger(__name__)
+
 TOPIC = "dasktune-cluster"
 PLUGIN_NAME = "dasktune-recovery"
 WORKER_PLUGIN_NAME = "dasktune-evacuate"
@@ -65,6 +75,8 @@ FENCE_PLUGIN_NAME = "dasktune-fence"
 # Worker task states in which a key is no longer held there (its actor was dropped).
 _GONE_STATES = ("released", "forgotten")
 _NOTICE_STATUSES = ("closing_gracefully", "closing")
+_STATUS_OP = "worker-status-change"  # the scheduler's stream message that sets a status
+_CLOSED = (Status.closing, Status.closed, Status.failed)  # no way back to running
 
 
 class RecoveryPlugin(SchedulerPlugin):
@@ -112,6 +124,11 @@ class EvacuatePlugin(WorkerPlugin):
 
     idempotent = True
     name = WORKER_PLUGIN_NAME
+
+    def setup(self, worker: Worker) -> None:
+        handler = worker.stream_handlers.get(_STATUS_OP)
+        if handler is not None and not getattr(handler, "keeps_closing", False):
+            worker.stream_handlers[_STATUS_OP] = _keep_closing(worker, handler)
 
     async def teardown(self, worker: Worker) -> None:
         import asyncio
@@ -178,6 +195,22 @@ class FencePlugin(WorkerPlugin):
         self._actors.clear()
 
 
+def _keep_closing(worker: Worker, handler: Any) -> Any:
+    """``handler`` of the scheduler's ``worker-status-change``, less the changes that
+    would take a closing worker back (see the module docs): a closing worker never runs
+    again, and the scheduler learns its status from the worker's own report."""
+
+    def handle(status: str, stimulus_id: str, **kwargs: Any) -> None:
+        if worker.status in _CLOSED:
+            logger.debug("%s is closing: ignoring the status change to %s (%s)",
+                         worker.address, status, stimulus_id)
+            return
+        handler(status=status, stimulus_id=stimulus_id, **kwargs)
+
+    handle.keeps_closing = True  # type: ignore[attr-defined]
+    return handle
+
+
 def _busy(worker: Worker) -> bool:
     """Whether a trial on ``worker`` still runs or holds reports the driver lacks."""
     from dasktune.actor import TrialActor
@@ -189,12 +222,10 @@ def _busy(worker: Worker) -> bool:
 def register(client: Any) -> bool:
     """Install the plugins on ``client``'s cluster; False (and a warning) if the scheduler's
     can't be (a worker plugin that can't be installed only warns)."""
-    import logging
-
     try:
         client.register_plugin(RecoveryPlugin(), name=PLUGIN_NAME)
     except Exception as exc:  # noqa: BLE001 - fall back to detection by failed polls
-        logging.getLogger(__name__).warning(
+        logger.warning(
             "could not register the dasktune recovery plugin on the scheduler (%r); lost "
             "workers are noticed at the next failed poll instead. Install dasktune where the "
             "scheduler runs.", exc)
@@ -202,20 +233,20 @@ def register(client: Any) -> bool:
     try:
         client.register_plugin(EvacuatePlugin(), name=WORKER_PLUGIN_NAME)
     except Exception as exc:  # noqa: BLE001 - closing workers then lose their trials
-        logging.getLogger(__name__).warning(
+        logger.warning(
             "could not register the dasktune evacuate plugin on the workers (%r); a worker "
             "that closes (e.g. on SIGTERM) loses its trials instead of moving them.", exc)
     try:
         client.register_plugin(FencePlugin(), name=FENCE_PLUGIN_NAME)
     except Exception as exc:  # noqa: BLE001 - the actors' orphan watchdog still stops them
-        logging.getLogger(__name__).warning(
+        logger.warning(
             "could not register the dasktune fence plugin on the workers (%r); a trial "
             "whose driver is gone stops only after dasktune.executor.orphan-timeout.", exc)
     try:
         client.register_plugin(WalltimeTargetPlugin(), name=TARGET_PLUGIN_NAME)
         client.register_plugin(WalltimePlugin(), name=WALLTIME_PLUGIN_NAME)
     except Exception as exc:  # noqa: BLE001 - then --lifetime is the only warning
-        logging.getLogger(__name__).warning(
+        logger.warning(
             "could not register the dasktune walltime plugin on the workers (%r); workers "
             "in batch jobs lose their trials at the job's time limit.", exc)
     return True
