@@ -97,4 +97,17 @@ def test_end_time_parsers():
     sge = ("job_number: 5\nhard resource_list:         h_rt=3600,h_vmem=2G\n"
            "start_time            1:    12/06/2026 10:18:34.123\n")
     assert parse_sge(sge) == local + 3600
+    # Son of Grid Engine (Debian's gridengine) has no start_time in plain qstat -j: its
+    # XML (trimmed from a real `qstat -j 5 -xml`), in seconds, or milliseconds elsewhere.
+    xml = ("<?xml version='1.0'?>\n<detailed_job_info>\n  <djob_info>\n    <element>\n"
+           "      <JB_job_number>5</JB_job_number>\n      <JB_hard_resource_list>\n"
+           "        <qstat_l_requests>\n          <CE_name>h_rt</CE_name>\n"
+           "          <CE_valtype>3</CE_valtype>\n          <CE_stringval>100</CE_stringval>\n"
+           "        </qstat_l_requests>\n      </JB_hard_resource_list>\n"
+           "      <JB_ja_tasks>\n        <ulong_sublist>\n"
+           "          <JAT_start_time>1796564696</JAT_start_time>\n")
+    assert parse_sge(xml) == 1796564696 + 100
+    assert parse_sge(xml.replace("1796564696<", "1796564696000<")) == 1796564696 + 100
+    assert parse_sge(xml.replace(">100<", ">00:01:40<")) == 1796564696 + 100
+    assert parse_sge(xml.replace("JAT_start_time", "JAT_other")) is None  # still queued
     assert parse_lsf("1:05 L\n", now=0.0) == 3900 and parse_lsf("-\n", now=0.0) is None

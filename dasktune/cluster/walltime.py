@@ -95,12 +95,28 @@ def parse_pbs(text: str, now: float) -> float | None:
 
 
 def parse_sge(text: str) -> float | None:
-    """``qstat -j JOB`` -> end time: its start time plus its ``h_rt`` limit."""
-    limit = re.search(r"h_rt=([\d:]+)", text)
-    start = re.search(r"^start_time\s+(?:\d+:\s*)?(.+?)(?:\.\d+)?\s*$", text, re.M)
-    if not (limit and start):
-        return None
-    began = _local_time(start.group(1), ("%m/%d/%Y %H:%M:%S", "%a %b %d %H:%M:%S %Y"))
+    """``qstat -j JOB -xml`` (or the plain ``qstat -j JOB`` of Grid Engines that print a
+    ``start_time`` line) -> end time: its start time plus its ``h_rt`` limit.
+
+    Son of Grid Engine (Debian's ``gridengine``) prints no start time in plain
+    ``qstat -j``; its XML has ``JAT_start_time`` (epoch seconds; milliseconds in some
+    later Grid Engines) and the ``h_rt`` request as ``CE_name``/``CE_stringval``.
+    """
+    if text.lstrip().startswith("<"):
+        limit = re.search(r"<CE_name>h_rt</CE_name>.*?<CE_stringval>([^<]+)</CE_stringval>",
+                          text, re.S)
+        start = re.search(r"<JAT_start_time>(\d+)</JAT_start_time>", text)
+        if not (limit and start):
+            return None
+        began = float(start.group(1))
+        began = began / 1000.0 if began > 1e11 else began
+    else:
+        limit = re.search(r"h_rt=([\d:]+)", text)
+        start_line = re.search(r"^start_time\s+(?:\d+:\s*)?(.+?)(?:\.\d+)?\s*$", text, re.M)
+        if not (limit and start_line):
+            return None
+        began = _local_time(start_line.group(1),
+                            ("%m/%d/%Y %H:%M:%S", "%a %b %d %H:%M:%S %Y"))
     seconds = parse_duration(limit.group(1))
     return None if began is None or seconds is None else began + seconds
 
@@ -114,7 +130,7 @@ def parse_lsf(text: str, now: float) -> float | None:
 _QUERIES = {
     "slurm": lambda job: ["squeue", "-h", "-j", job, "-o", "%e"],
     "pbs": lambda job: ["qstat", "-f", job],
-    "sge": lambda job: ["qstat", "-j", job],
+    "sge": lambda job: ["qstat", "-j", job, "-xml"],
     "lsf": lambda job: ["bjobs", "-noheader", "-o", "time_left", job],
 }
 
