@@ -80,12 +80,14 @@ if ! munge -n >/dev/null 2>&1; then
 fi
 
 # slurm.conf for this node: its hardware from slurmd -C, shared CPUs (up to 4 jobs each),
-# no cgroups, no accounting; finished jobs leave squeue after MinJobAge.
+# no cgroups, no accounting; finished jobs leave squeue after MinJobAge. The daemons reach
+# each other on 127.0.0.1, whatever this host's name resolves to (a one-node cluster needs
+# no other network).
 host=$(hostname -s)
-node=$(slurmd -C | head -1 | sed "s/^NodeName=[^ ]*/NodeName=$host/")
+node=$(slurmd -C | head -1 | sed "s/^NodeName=[^ ]*/NodeName=$host NodeAddr=127.0.0.1/")
 want=$(cat <<EOF
 ClusterName=dasktune
-SlurmctldHost=$host
+SlurmctldHost=$host(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
