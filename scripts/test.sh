@@ -3,16 +3,17 @@
 #   bash scripts/test.sh [pytest args]
 # Creates .venv (Python >= 3.10), installs the CPU build of torch and dasktune with its
 # test, docs, release and all extras (every optional library; HEBO without its numpy
-# pin); as root, starts a local Slurm and installs Debian's chromium for the dashboard's
+# pin); as root, starts a local Slurm and a local Grid Engine and installs Debian's chromium for the dashboard's
 # browser test; unpacks Ray Tune's example scripts (not Ray) for the test that runs
 # them on dasktune, and runs pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# A single-node Slurm for the Slurm tests (root only; elsewhere those tests skip, and in
-# CI they fail instead).
+# A single-node Slurm and Grid Engine for the batch-system tests (root only; elsewhere
+# those tests skip, and in CI they fail instead).
 if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
   bash scripts/slurm-local.sh || echo "warning: could not start the local Slurm"
+  bash scripts/sge-local.sh || echo "warning: could not start the local Grid Engine"
 fi
 
 PY=${PYTHON:-python3}

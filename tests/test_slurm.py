@@ -36,6 +36,8 @@ pytest.importorskip("dask_jobqueue")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ITERS = 120  # 1 s each: every trial outlives two or three 1-minute jobs
 
+# The experiment, run by `dasktune submit`: class trials that record each iteration they
+# execute (attempt, time, batch job) in executed.jsonl. Also tests/test_sge.py's.
 DRIVER = textwrap.dedent("""
     import argparse, json, os, time
     import dasktune as tune
@@ -44,6 +46,8 @@ DRIVER = textwrap.dedent("""
     p.add_argument("--storage", required=True)
     p.add_argument("--iters", type=int, required=True)
     p.add_argument("--address", required=True)
+    p.add_argument("--trials", type=int, default=2)
+    p.add_argument("--sleep", type=float, default=1.0)
     args = p.parse_args()
 
     class Counter(tune.Trainable):
@@ -53,11 +57,12 @@ DRIVER = textwrap.dedent("""
             self.dir, self.attempt = ctx.get_trial_dir(), ctx.get_attempt()
 
         def step(self):
-            time.sleep(1.0)
+            time.sleep(self.config["sleep"])
             self.i += 1
             with open(os.path.join(self.dir, "executed.jsonl"), "a") as f:
+                job = os.environ.get("SLURM_JOB_ID") or os.environ["JOB_ID"]  # Slurm, SGE
                 f.write(json.dumps({"attempt": self.attempt, "it": self.i, "t": time.time(),
-                                    "job": os.environ["SLURM_JOB_ID"]}) + "\\n")
+                                    "job": job}) + "\\n")
             return {"i": self.i}
 
         def save_checkpoint(self, d):
@@ -70,7 +75,8 @@ DRIVER = textwrap.dedent("""
 
     tune.init(address=args.address)
     grid = tune.Tuner(
-        Counter, param_space={"x": tune.grid_search([0, 1])},
+        Counter, param_space={"x": tune.grid_search(list(range(args.trials))),
+                              "sleep": args.sleep},
         run_config=tune.RunConfig(
             storage_path=args.storage, name="exp", verbose=0,
             stop={"training_iteration": args.iters},
@@ -108,7 +114,7 @@ def _queue(name: str, state: str | None = None) -> list[str]:
     return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.split()
 
 
-def _rows(path: str) -> list[dict]:
+def read_rows(path: str) -> list[dict]:
     """The complete lines of a trial's executed.jsonl ([] before it exists)."""
     try:
         with open(path) as f:
@@ -131,10 +137,10 @@ def _kill_a_trials_job(dasktune, cluster_file, storage) -> list[str]:
     pattern = str(storage / "exp" / "*" / "executed.jsonl")
 
     def jobs_run() -> set[str]:
-        return {r["job"] for p in glob.glob(pattern) for r in _rows(p)}
+        return {r["job"] for p in glob.glob(pattern) for r in read_rows(p)}
 
     def both_running() -> bool:
-        rows = [_rows(p) for p in glob.glob(pattern)]
+        rows = [read_rows(p) for p in glob.glob(pattern)]
         now = time.time()
         return len(rows) == 2 and all(len(r) >= 3 and now - r[-1]["t"] < 3.0 for r in rows)
 
@@ -203,7 +209,7 @@ def test_up_status_submit_down_walltime_moves(slurm, tmp_path):
         assert len(trials) == 2
         hit = 0
         for trial in trials:
-            rows = _rows(trial)
+            rows = read_rows(trial)
             assert len({r["attempt"] for r in rows}) >= 2, trial  # across more than one job
             twice: set[int] = set()
             for attempt in sorted({r["attempt"] for r in rows if r["job"] in killed}):
