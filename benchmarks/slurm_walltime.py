@@ -46,6 +46,24 @@ function+lifetime row was measured before the driver stopped re-retiring closing
 (after: 3+2 in a 60-iteration run). Before this work (issue 25), each move paused 8-11 s.
 The idle share counts the replacement job that waits ahead of each end.
 
+Rerun once the worker plugin kept a closing worker closing (a ``--lifetime`` close no longer
+runs twice), same machine and settings, 2026-12-06::
+
+    for t in class function; do for l in "" "--lifetime 30s"; do
+      .venv/bin/python benchmarks/slurm_walltime.py --trainable $t $l \
+        --trials 2 --iters 90 --minimum 2 --maximum 4; done; done
+
+    via           trainable  --lifetime  moves  iters lost/move  pause median/max  idle  ERRORs
+    cluster-file  class      -           8      0                0.21 / 4.81 s     0.32  0
+    cluster-file  function   -           7      0                0.27 / 7.44 s     0.36  0
+    cluster-file  class      30s         8      0                0.26 / 4.60 s     0.28  0
+    cluster-file  function   30s         8      2.12 (0-9)       0.23 / 5.44 s     0.36  0
+
+With ``--lifetime`` no worker logs an ERROR any more (was 1+1 and 8+8). A function
+trainable still loses the iterations since its last checkpoint (every 10 here) when its
+worker reaches ``--lifetime`` first: Dask closes it then, and the trial gets only
+``dasktune.executor.evacuate-timeout`` (6 s) to reach a checkpoint.
+
 ``--lifetime`` adds dask-jobqueue's documented recipe (``--lifetime X --lifetime-stagger
 5s``) to the workers; without it only dasktune's walltime plugin moves the trials
 (``dasktune.cluster.walltime.margin``, ``--margin`` here).

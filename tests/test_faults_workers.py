@@ -557,7 +557,7 @@ def test_worker_at_its_lifetime_moves_its_trial_quietly(cluster, tmp_path):
     back; landing after the close began, that ran the close twice, the second time on a
     closed connection pool (``ConnectionPool is closed``, with two tracebacks)."""
     procs = cluster(0, nanny=True)
-    first = procs.add_worker("--lifetime", "10s", "--lifetime-stagger", "0s")
+    first = procs.add_worker("--lifetime", "12s", "--lifetime-stagger", "0s")
     procs.wait_workers(1)
     moved = str(tmp_path / "moved")  # a file, not an Event: the experiment is saved
     exp = tmp_path / "results" / "lifetime"
