@@ -346,8 +346,7 @@ def test_asha_run_marks_stopped_trials_in_chromium(page, local_client, tmp_path)
     assert sorted(t["trial_id"] for t in trials if t["stopped_early"]) == stopped
     for t in trials:
         n = ran[t["trial_id"]]
-        want = f"stopped early at rung {n} (training_iteration), iteration {n} of 9" \
-            if t["stopped_early"] else None
+        want = f"stopped early at rung {n} (of 9 iterations)" if t["stopped_early"] else None
         assert t["status_detail"] == want
 
     page.goto(f"{base}/dasktune?experiment={eid}")

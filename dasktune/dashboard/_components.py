@@ -180,7 +180,7 @@ class TrialTable(DashboardComponent):
             TableColumn(field="status", title="status", width=90,
                         formatter=StringFormatter(text_color="status_color",
                                                   font_style="bold")),
-            TableColumn(field="detail", title="detail", width=170),
+            TableColumn(field="detail", title="detail", width=250),
             TableColumn(field="config", title="config", width=300),
             TableColumn(field="iteration", title="iter", formatter=integer, width=50),
             self.last_col,

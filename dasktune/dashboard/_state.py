@@ -71,10 +71,12 @@ class ExperimentView:
         return best_id
 
     def early_stops(self) -> dict[str, str]:
-        """Trial id -> "stopped early at rung R (time_attr), iteration N of M" for the
-        trials the scheduler stopped short of M, the furthest iteration any trial of the
-        experiment reached; the rung is the scheduler's ``time_attr`` value at its
-        decision (records without one say "stopped early at iteration N of M").
+        """Trial id -> "stopped early at rung R (of M iterations)" for the trials the
+        scheduler stopped short of M, the furthest iteration any trial of the experiment
+        reached. The rung is the scheduler's ``time_attr`` value at its decision; with
+        another ``time_attr`` than ``training_iteration``: "stopped early at rung
+        time_total_s 12.5 (iteration N of M)"; a record without one: "stopped early at
+        iteration N of M".
 
         ASHA also says STOP to the trials that reach its ``max_t``, a bound the records
         do not carry; its survivors reach it, so "stopped below the furthest iteration"
@@ -87,8 +89,10 @@ class ExperimentView:
         for tid in self._stopped_early(iterations, furthest):
             rung = rung_of(self.trials[tid])
             where = f"iteration {iterations[tid]} of {furthest}"
-            if rung is not None:
-                where = f"rung {rung[1]:g} ({rung[0]}), {where}"
+            if rung is not None and rung[0] == "training_iteration":
+                where = f"rung {rung[1]:g} (of {furthest} iterations)"
+            elif rung is not None:
+                where = f"rung {rung[0]} {rung[1]:g} ({where})"
             out[tid] = f"stopped early at {where}" if iterations[tid] \
                 else "stopped before its first result"
         return out
