@@ -139,6 +139,7 @@ class DaskExecutor:
         self._ledger = ResourceLedger(self._fetch_workers)
         self._path_check = path_check
         self._poll_wait = _dask_config.get_seconds("executor.poll-wait")
+        self._unresponsive = _dask_config.get_seconds("executor.unresponsive-timeout")
         self._in_flight = int(_dask_config.get("executor.max-reports-in-flight"))
         self._start_timeout = _dask_config.get_seconds("executor.actor-start-timeout")
         self._direct = bool(_dask_config.get("executor.direct-to-workers"))
@@ -695,7 +696,7 @@ class DaskExecutor:
                     await self._call_quiet(run, "stop", checkpoint, fence)
             reply = await self._call(run, "poll", ack, self._poll_wait if fetch else 0.0,
                                      fence, self._batch_limit() if fetch else 0,
-                                     timeout=self._poll_wait + 30.0)
+                                     timeout=self._poll_wait + self._unresponsive)
             if reply.get("gone"):
                 self._lost(run, f"the actor on {run.worker} no longer holds attempt {fence}")
                 return
