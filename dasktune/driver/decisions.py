@@ -46,12 +46,7 @@ class EndedBy(enum.Enum):
 class Stop:
     """End the trial; ``by`` says who decided it."""
 
-    by: EndedBy
-
-    @property
-    def early(self) -> bool:
-        """A scheduler's ``STOP``: the trial was stopped early."""
-        return self.by is EndedBy.SCHEDULER
+    by: EndedBy  #: ``EndedBy.SCHEDULER``: stopped early
 
 
 #: What the driver does with a trial after one of its results.
