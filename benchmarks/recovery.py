@@ -1,9 +1,10 @@
-"""Recovery figures for issue 4: how fast a trial runs again after its worker is SIGKILLed,
-how many iterations each kill costs, and the wall-time overhead of kills.
+"""Recovery figures for issue 4: how fast a trial runs again after its worker is SIGKILLed
+or frozen (SIGSTOP), how many iterations each kill costs, and the wall-time overhead of kills.
 
 Real ``dask scheduler`` / ``dask worker --no-nanny`` processes on 127.0.0.1. Usage::
 
-    .venv/bin/python benchmarks/recovery.py [--kills 10] [--overhead-kills 5]
+    .venv/bin/python benchmarks/recovery.py [--kills 10] [--stops 3] [--worker-ttl 5s]
+        [--overhead-kills 5]
 
 1. Resume latency: one trial at a time; at a seeded iteration its worker is SIGKILLed
    and a replacement started. Measured: signal -> driver notices (``on_trial_recover``)
@@ -18,6 +19,13 @@ Real ``dask scheduler`` / ``dask worker --no-nanny`` processes on 127.0.0.1. Usa
    wait). Without the wait, kills come faster than a Python worker process starts (about
    1.5-2.5 s on two shared CPUs), so the trials of the next killed worker find no free
    slot and the figure measures interpreter start-up, not recovery.
+4. A frozen worker: as 1, but the worker is SIGSTOPped (alive to the kernel, its
+   connections open, answering nothing), then SIGKILLed once the trial runs elsewhere.
+   Only a timeout can notice it: the scheduler's ``distributed.scheduler.worker-ttl``
+   (``--worker-ttl``, set on this benchmark's scheduler; Dask's default is 5 minutes)
+   removes it, or a poll of the trial's actor gets no answer for
+   ``dasktune.executor.unresponsive-timeout`` (30 s), whichever comes first.
+   ``--stops 0`` skips this part.
 """
 
 from __future__ import annotations
@@ -76,7 +84,7 @@ def _jsonl(path: str) -> list[dict[str, Any]]:
 class Cluster:
     """A scheduler and no-nanny workers; we kill worker PIDs ourselves."""
 
-    def __init__(self, logdir: str):
+    def __init__(self, logdir: str, worker_ttl: str | None = None):
         import socket
 
         with socket.socket() as s:
@@ -85,6 +93,8 @@ class Cluster:
         self.address = f"tcp://127.0.0.1:{port}"
         self.logdir = logdir
         self.env = {**os.environ, "DASK_DISTRIBUTED__SCHEDULER__WORK_STEALING": "False"}
+        if worker_ttl:
+            self.env["DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL"] = worker_ttl
         self.procs: list[subprocess.Popen] = []
         self.procs.append(self._spawn(
             ["distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", str(port),
@@ -145,8 +155,9 @@ def _wait(pred, timeout: float = 60.0) -> Any:
 
 def run_experiment(cluster: Cluster, root: str, name: str, n_trials: int, kills: int,
                    seed: int, iters: int, k: int, sleep: float, cpus: int,
-                   wait_replaced: bool = True) -> dict[str, Any]:
-    """One experiment; ``kills`` workers SIGKILLed (each replaced) at seeded moments.
+                   wait_replaced: bool = True, sig: int = signal.SIGKILL) -> dict[str, Any]:
+    """One experiment; ``kills`` workers SIGKILLed (each replaced) at seeded moments;
+    with ``sig=signal.SIGSTOP`` frozen instead, and SIGKILLed once the trial runs again.
 
     Kill ``j`` happens once a randomly chosen running trial has passed a random
     iteration in the ``j``-th of ``kills`` equal slices of the first 60% of the run (the
@@ -202,13 +213,20 @@ def run_experiment(cluster: Cluster, root: str, name: str, n_trials: int, kills:
                                f"{[(p.pid, p.poll()) for p in cluster.workers]}") from None
         n_recovered = len(cb.times)
         t_kill = time.time()
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+        os.kill(proc.pid, sig)
+        if sig == signal.SIGKILL:
+            proc.wait(10)
         cluster.add_worker(cpus)
         path = os.path.join(exp, d, "attempts.jsonl")
+        # A frozen worker is noticed only after a timeout (worker-ttl, or the driver's
+        # unresponsive-timeout of 30 s): wait long enough for either.
+        patience = 60.0 if sig == signal.SIGKILL else 120.0
         nxt = _wait(lambda n=n_attempts, path=path: (lambda a: a[n] if len(a) > n else None)(
-            _jsonl(path)))
-        _wait(lambda n=n_recovered: len(cb.times) > n)
+            _jsonl(path)), patience)
+        _wait(lambda n=n_recovered: len(cb.times) > n, patience)
+        if sig != signal.SIGKILL:  # it runs elsewhere: the frozen one goes for good
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
         if wait_replaced:
             cluster.wait_workers(n_workers)
         reached = max(r["it"] for r in _jsonl(os.path.join(exp, d, "executed.jsonl"))
@@ -226,13 +244,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kills", type=int, default=10, help="kills for the latency median")
     ap.add_argument("--overhead-kills", type=int, default=5)
+    ap.add_argument("--stops", type=int, default=3,
+                    help="SIGSTOPped (frozen) workers, each in an experiment of its own")
+    ap.add_argument("--worker-ttl", default="5s",
+                    help="distributed.scheduler.worker-ttl of the benchmark's scheduler")
     ap.add_argument("--iters", type=int, default=150,
                     help="iterations (0.1 s each) per trial of the overhead experiment")
     ap.add_argument("--kill-before-replaced", action="store_true",
                     help="do not wait for a killed worker's replacement before the next kill")
     args = ap.parse_args()
     root = tempfile.mkdtemp(prefix="dasktune-recovery-")
-    cluster = Cluster(root)
+    cluster = Cluster(root, worker_ttl=args.worker_ttl)
     try:
         for _ in range(3):
             cluster.add_worker(4)
@@ -256,6 +278,21 @@ def main() -> None:
               f"(min {min(running):.3f}, max {max(running):.3f})")
         print(f"iterations lost per kill (k=3):  mean {statistics.mean(lost):.2f}, "
               f"max {max(lost)}  {lost}")
+        # 4: a frozen worker, noticed only by a timeout.
+        if args.stops:
+            frozen = []
+            for i in range(args.stops):
+                r = run_experiment(cluster, root, f"frozen-{i}", n_trials=1, kills=1,
+                                   seed=100 + i, iters=12, k=3, sleep=0.1, cpus=4,
+                                   sig=signal.SIGSTOP)
+                frozen += r["events"]
+            noticed = [e["noticed_s"] for e in frozen]
+            running = [e["running_s"] for e in frozen]
+            print(f"SIGSTOP -> driver notices:       median {statistics.median(noticed):.3f}s "
+                  f"(min {min(noticed):.3f}, max {max(noticed):.3f}) over {len(frozen)} "
+                  f"stops, worker-ttl {args.worker_ttl}")
+            print(f"SIGSTOP -> trial running again:  median {statistics.median(running):.3f}s "
+                  f"(min {min(running):.3f}, max {max(running):.3f})")
         # 3: overhead of kills on a whole experiment.
         base = run_experiment(cluster, root, "base", n_trials=8, kills=0, seed=0,
                               iters=args.iters, k=4, sleep=0.1, cpus=4)

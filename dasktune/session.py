@@ -193,13 +193,11 @@ class TrialSession:
         TERMINATED even if no driver recorded its end."""
         if self._fenced is not None and self._fenced():
             return
-        result = {k: v for k, v in (self.last_result or {}).items() if k != "config"}
-        self.spec.storage.write_trial_end(self.spec.trial_path, {
-            "trial_id": self.spec.trial_id,
-            "attempt": self.spec.attempt,
-            "training_iteration": self.iteration,
-            "result": result,
-        })
+        self.spec.storage.write_trial_end(
+            self.spec.trial_path, trial_id=self.spec.trial_id, attempt=self.spec.attempt,
+            result=self.last_result or {},
+            ended_by="trainable",
+            reason="it returned" if not self.done else "its result said done")
 
     def local_trial_dir(self) -> str:
         """A folder for the user's own files: the trial's folder if storage is local."""

@@ -8,10 +8,12 @@ Layout under ``<storage_path>/<name>/``::
     <trial dir>/params.json, params.pkl, result.json, progress.csv, events.out.tfevents.*
     <trial dir>/checkpoint_000003/...   + .dasktune_checkpoint.json (written last)
     <trial dir>/error.txt
-    <trial dir>/.dasktune_trial_end.json   the trainable returned: its final result
+    <trial dir>/.dasktune_trial_end.json   the trial ended: who ended it, its final result
 
-The trial-end marker is written by the worker (atomically, before the attempt reports
-its end), so a driver killed before it recorded the trial's end does not run the
+The trial-end marker is written atomically by whoever ended the trial: the worker when
+the trainable returned (before the attempt reports its end), the driver when it ended
+the trial (a scheduler's stop, a stopper, the time budget) before it records the end
+anywhere else. So a driver killed before it saved the trial's end does not run the
 trial again on restore.
 
 Commit protocol for checkpoints (holds on object stores, which cannot rename):
@@ -439,9 +441,22 @@ class ExperimentStorage:
                          json.dumps(manifest, default=json_default).encode())
         return dest
 
-    def write_trial_end(self, trial_path: str, end: dict[str, Any]) -> None:
-        """Record that a trial's trainable returned: ``end`` holds ``attempt``,
-        ``training_iteration`` and the final ``result`` (replaced atomically)."""
+    def write_trial_end(self, trial_path: str, *, trial_id: str, attempt: int,
+                        result: dict[str, Any], ended_by: str = "trainable", reason: str = "",
+                        rung: dict[str, Any] | None = None) -> None:
+        """Record that a trial ended and never runs again (replaced atomically).
+
+        The marker holds the trial's ``attempt``, its final ``result`` (without its
+        config) and ``training_iteration``, who ended it (``ended_by``: ``"trainable"``,
+        written by the worker when the trainable returned or its result said done;
+        ``"scheduler"``, ``"stopper"`` or ``"experiment"``, written by the driver), why
+        (``reason``), and for a scheduler's early stop the ``rung``
+        (``{"time_attr": ..., "value": ...}``).
+        """
+        final = {k: v for k, v in result.items() if k != "config"}
+        end = {"trial_id": trial_id, "attempt": attempt,
+               "training_iteration": final.get("training_iteration", 0), "result": final,
+               "ended_by": ended_by, "reason": reason, "rung": rung}
         self.makedirs(trial_path)
         # Atomic, not fsynced: it must outlive a killed driver (the page cache does), and
         # an fsync in every trial's last step cost short trials 10-17% of their time.

@@ -85,6 +85,8 @@ class Trial:
     start_time: float | None = None
     end_time: float | None = None
     stop_reason: str | None = None
+    # Where a scheduler stopped it early: {"time_attr": ..., "value": ...} (the rung).
+    stop_rung: dict[str, Any] | None = None
     # Set by a scheduler (PBT exploit) so the next start restores this checkpoint.
     restore_path: str | None = None
     evaluated_params: dict[str, Any] = field(default_factory=dict)

@@ -345,8 +345,8 @@ def test_asha_run_marks_stopped_trials_in_chromium(page, local_client, tmp_path)
                           timeout=5).json()["trials"]
     assert sorted(t["trial_id"] for t in trials if t["stopped_early"]) == stopped
     for t in trials:
-        want = f"stopped early at iteration {ran[t['trial_id']]} of 9" if t["stopped_early"] \
-            else None
+        n = ran[t["trial_id"]]
+        want = f"stopped early at rung {n} (of 9 iterations)" if t["stopped_early"] else None
         assert t["status_detail"] == want
 
     page.goto(f"{base}/dasktune?experiment={eid}")
@@ -355,7 +355,7 @@ def test_asha_run_marks_stopped_trials_in_chromium(page, local_client, tmp_path)
     page.wait_for_function(CURVES_JS, arg=[12, best])
     assert page.evaluate(STOPPED_MARKS_JS) == stopped
     from playwright.sync_api import expect
-    detail = page.locator(".slick-cell.l2", has_text="stopped early at iteration")
+    detail = page.locator(".slick-cell.l2", has_text="stopped early at rung")
     expect(detail).to_have_count(len(stopped))
     check_gantt_labels(page)
     ARTIFACTS.mkdir(exist_ok=True)

@@ -76,6 +76,41 @@ def test_trials_stopped_below_the_furthest_iteration_are_stopped_early():
                    "queued": (True, "stopped before its first result")}
 
 
+def test_early_stops_name_their_rung_and_are_counted_per_rung():
+    """A scheduler's early stop records its rung (the time_attr value at the decision):
+    the detail names it, and the summary counts the stops at each rung."""
+    trials = {name: Trial(name, {}) for name in ("a", "b", "c", "full", "old", "secs")}
+    for name, n in (("a", 1), ("b", 1), ("c", 3), ("full", 9), ("old", 2), ("secs", 4)):
+        for i in range(1, n + 1):
+            trials[name].update_last_result({"training_iteration": i, "loss": 1.0 / i})
+    for name, rung in (("a", 1), ("b", 1), ("c", 3), ("full", 9), ("old", None)):
+        trials[name].stop_reason = "early_stopped"
+        if rung is not None:
+            trials[name].stop_rung = {"time_attr": "training_iteration", "value": rung}
+    trials["secs"].stop_reason = "early_stopped"
+    trials["secs"].stop_rung = {"time_attr": "time_total_s", "value": 12.5}
+    for trial in trials.values():
+        trial.set_status("TERMINATED")
+    state = DashboardState()
+    state.apply({"type": "experiment", "experiment_id": "e", "name": "e", "metric": "loss",
+                 "mode": "min", "start_time": 0.0, "status": "FINISHED"})
+    state.apply({"type": "trials", "experiment_id": "e",
+                 "trials": [trial_record(t, "loss", "min") for t in trials.values()]})
+    got = {r["trial_id"]: r["status_detail"] for r in state.trials("e")}
+    assert got == {
+        "a": "stopped early at rung 1 (of 9 iterations)",
+        "b": "stopped early at rung 1 (of 9 iterations)",
+        "c": "stopped early at rung 3 (of 9 iterations)",
+        "full": None,  # ASHA's STOP at max_t: no early stop
+        "old": "stopped early at iteration 2 of 9",  # a record from before rungs
+        "secs": "stopped early at rung time_total_s 12.5 (iteration 4 of 9)",
+    }
+    assert state.experiments()[0]["stopped_early_by_rung"] == [
+        {"time_attr": "training_iteration", "rung": 1, "trials": 2},
+        {"time_attr": "training_iteration", "rung": 3, "trials": 1},
+        {"time_attr": "time_total_s", "rung": 12.5, "trials": 1}]
+
+
 def test_state_bounds_points_and_tracks_best():
     state = DashboardState(max_points=100)
     state.apply({"type": "experiment", "experiment_id": "e", "name": "e", "metric": "m",

@@ -461,6 +461,19 @@ def test_sigstop_past_worker_ttl_then_sigcont(cluster, tmp_path):
     assert 2.5 < stop_s < 20.0  # only the ttl can notice a frozen process
 
 
+def test_sigstop_is_noticed_by_the_unresponsive_timeout(cluster, tmp_path):
+    """With Dask's default worker-ttl (5 minutes) the scheduler keeps a frozen worker; the
+    driver's own dasktune.executor.unresponsive-timeout gives its trial up and restarts
+    it on the other worker, and the thawed attempt reaches no result file."""
+    import dask
+
+    procs = cluster(2)
+    with dask.config.set({"dasktune.executor.unresponsive-timeout": "3s"}):
+        stop_s, n1, d = _kill_and_measure(procs, tmp_path, "stop")
+    print(f"\ndetection: SIGSTOP with unresponsive-timeout=3s {stop_s:.3f}s")
+    assert 2.5 < stop_s < 20.0
+
+
 # ------------------------------------------------------- 4. graceful retirement
 def _retire_mid_trial(cluster, tmp_path, how: str) -> tuple[Any, Any, str]:
     """Run one class trial; retire its worker at iteration 5 (``how``); wait for the end.

@@ -29,6 +29,8 @@ from bokeh.palettes import Category10
 from bokeh.plotting import figure
 from distributed.dashboard.components import DashboardComponent
 
+from dasktune.dashboard._state import rung_of
+
 if TYPE_CHECKING:
     from dasktune.dashboard._state import DashboardState, ExperimentView
 
@@ -178,7 +180,7 @@ class TrialTable(DashboardComponent):
             TableColumn(field="status", title="status", width=90,
                         formatter=StringFormatter(text_color="status_color",
                                                   font_style="bold")),
-            TableColumn(field="detail", title="detail", width=170),
+            TableColumn(field="detail", title="detail", width=250),
             TableColumn(field="config", title="config", width=300),
             TableColumn(field="iteration", title="iter", formatter=integer, width=50),
             self.last_col,
@@ -281,8 +283,9 @@ class MetricCurves(DashboardComponent):
             if early:
                 color, alpha = GREY, min(alpha, 0.6)
                 if points:
-                    marks["x"].append(points[-1][0])
-                    marks["y"].append(points[-1][1])
+                    at = _rung_point(points, rung_of(record))
+                    marks["x"].append(at[0])
+                    marks["y"].append(at[1])
                     marks["trial_id"].append(tid)
                     marks["detail"].append(early_stops[tid])
             elif status == "ERROR":
@@ -348,3 +351,13 @@ class BestSoFar(DashboardComponent):
             "trial_id": [p[2] for p in series],
         }
         self.root.yaxis.axis_label = f"best {view.info.get('metric') or 'metric'}"
+
+
+def _rung_point(points: list[list[float]], rung: tuple[str, float] | None) -> list[float]:
+    """The point of a curve where its trial was stopped: at its rung when the rung is an
+    iteration, else (and when thinning dropped that point) its last point."""
+    if rung is not None and rung[0] == "training_iteration":
+        for point in reversed(points):
+            if point[0] == rung[1]:
+                return point
+    return points[-1]

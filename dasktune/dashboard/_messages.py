@@ -119,6 +119,7 @@ def trial_record(trial: Trial, metric: str | None, mode: str | None) -> dict[str
         "restarts": int(trial.num_restarts),
         "failures": int(trial.num_failures),
         "stop_reason": trial.stop_reason,
+        "stop_rung": jsonable(trial.stop_rung) if trial.stop_rung else None,
         "start_time": finite_number(trial.start_time),
         "end_time": finite_number(trial.end_time),
         "placements": placements,

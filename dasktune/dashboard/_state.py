@@ -71,8 +71,12 @@ class ExperimentView:
         return best_id
 
     def early_stops(self) -> dict[str, str]:
-        """Trial id -> "stopped early at iteration N of M" for the trials the scheduler
-        stopped short of M, the furthest iteration any trial of the experiment reached.
+        """Trial id -> "stopped early at rung R (of M iterations)" for the trials the
+        scheduler stopped short of M, the furthest iteration any trial of the experiment
+        reached. The rung is the scheduler's ``time_attr`` value at its decision; with
+        another ``time_attr`` than ``training_iteration``: "stopped early at rung
+        time_total_s 12.5 (iteration N of M)"; a record without one: "stopped early at
+        iteration N of M".
 
         ASHA also says STOP to the trials that reach its ``max_t``, a bound the records
         do not carry; its survivors reach it, so "stopped below the furthest iteration"
@@ -81,13 +85,34 @@ class ExperimentView:
         iterations = {tid: r.get("iteration") if isinstance(r.get("iteration"), int) else 0
                       for tid, r in self.trials.items()}
         furthest = max(iterations.values(), default=0)
-        return {
-            tid: f"stopped early at iteration {iterations[tid]} of {furthest}"
-            if iterations[tid] else "stopped before its first result"
-            for tid, r in self.trials.items()
-            if r.get("status") == "TERMINATED" and r.get("stop_reason") not in NATURAL_STOPS
-            and iterations[tid] < furthest
-        }
+        out = {}
+        for tid in self._stopped_early(iterations, furthest):
+            rung = rung_of(self.trials[tid])
+            where = f"iteration {iterations[tid]} of {furthest}"
+            if rung is not None and rung[0] == "training_iteration":
+                where = f"rung {rung[1]:g} (of {furthest} iterations)"
+            elif rung is not None:
+                where = f"rung {rung[0]} {rung[1]:g} ({where})"
+            out[tid] = f"stopped early at {where}" if iterations[tid] \
+                else "stopped before its first result"
+        return out
+
+    def _stopped_early(self, iterations: dict[str, int], furthest: int) -> list[str]:
+        return [tid for tid, r in self.trials.items()
+                if r.get("status") == "TERMINATED" and r.get("stop_reason") not in NATURAL_STOPS
+                and iterations[tid] < furthest]
+
+    def early_stops_by_rung(self) -> list[dict[str, Any]]:
+        """How many trials the scheduler stopped early at each rung, lowest rung first:
+        ``[{"time_attr": ..., "rung": ..., "trials": n}]`` (the summary's
+        ``stopped_early_by_rung``)."""
+        counts: Counter[tuple[str, float]] = Counter()
+        for tid in self.early_stops():
+            rung = rung_of(self.trials[tid])
+            if rung is not None:
+                counts[rung] += 1
+        return [{"time_attr": attr, "rung": value, "trials": n}
+                for (attr, value), n in sorted(counts.items(), key=lambda kv: kv[0][1])]
 
     def summary(self) -> dict[str, Any]:
         by_status = Counter(r.get("status") for r in self.trials.values())
@@ -107,6 +132,7 @@ class ExperimentView:
             "elapsed_s": elapsed,
             "best_trial_id": best_id,
             "best_value": self.trials[best_id]["best"] if best_id else None,
+            "stopped_early_by_rung": self.early_stops_by_rung(),
         }
 
 
@@ -258,6 +284,18 @@ class DashboardState:
                 for record in records:
                     record["points"] = copy.deepcopy(view.points.get(record["trial_id"], []))
             return records
+
+
+def rung_of(record: dict[str, Any]) -> tuple[str, float] | None:
+    """``(time_attr, value)`` where a trial record says its scheduler stopped it, or None."""
+    rung = record.get("stop_rung")
+    if not isinstance(rung, dict):
+        return None
+    attr, value = rung.get("time_attr"), rung.get("value")
+    if not isinstance(attr, str) or isinstance(value, bool) or \
+            not isinstance(value, (int, float)):
+        return None
+    return attr, value
 
 
 def _halved(series: list[Any]) -> list[Any]:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from dasktune import _dask_config
 from dasktune.callback import Callback, CallbackList
 from dasktune.driver.checkpoint_book import CheckpointBook
-from dasktune.driver.decisions import Winding
+from dasktune.driver.decisions import EndedBy, Winding
 from dasktune.driver.failure_policy import FailurePolicy
 from dasktune.driver.queue_ahead import QueueLines
 from dasktune.driver.state_saves import StateSaves
@@ -225,7 +225,7 @@ class TuneController(TrialEvents):
                 self._fill_slots()
         for trial in self.scheduler.trials_to_stop(self._ctx):
             if trial.status in (PENDING, PAUSED):
-                self._complete(trial, trial.last_result, early_stopped=True)
+                self._complete(trial, trial.last_result, EndedBy.SCHEDULER)
         self._check_budget()
         self.callbacks.on_step_end(iteration=self._iteration, trials=self.trials)
         now = time.monotonic()
@@ -439,5 +439,5 @@ class TuneController(TrialEvents):
         self.lines.unqueue_all()
         for trial in self.trials:
             if trial.status == RUNNING:
-                self._complete(trial, None)
+                self._complete(trial, None, EndedBy.EXPERIMENT, f"stopped: {why}")
                 self._wind_down(trial, Winding.STOPPING)

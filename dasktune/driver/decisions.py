@@ -6,7 +6,8 @@ Schedulers answer with a :class:`~dasktune.schedulers.Decision`, an
 :data:`Verdict` value, so the loop matches on types and never compares strings.
 
 While an attempt winds down (stopped, paused, exploited or moved), the driver remembers
-why as a :class:`Winding`: the reason decides what happens at its end.
+why as a :class:`Winding`: the reason decides what happens at its end. Who ended a trial
+is an :class:`EndedBy`, recorded in the trial's end marker.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from dasktune.schedulers import Decision, Exploit, Reconfigure
 
-__all__ = ["Continue", "Pause", "Stop", "Verdict", "Winding", "decide"]
+__all__ = ["Continue", "EndedBy", "Pause", "Stop", "Verdict", "Winding", "decide"]
 
 
 @dataclass(frozen=True)
@@ -30,12 +31,22 @@ class Pause:
     """Checkpoint (unless this result came with one), stop, and mark the trial PAUSED."""
 
 
+class EndedBy(enum.Enum):
+    """Who ended a trial. Every end is recorded in the trial's end marker
+    (:meth:`~dasktune.storage.ExperimentStorage.write_trial_end`): by the worker when the
+    trial ended itself, by the driver otherwise, so a restore never runs it again."""
+
+    TRAINABLE = "trainable"  #: it returned, or its result said ``done`` (the stop dict)
+    SCHEDULER = "scheduler"  #: the scheduler's ``STOP``: stopped early, at a rung
+    STOPPER = "stopper"  #: a :class:`~dasktune.stopper.Stopper` the driver asked
+    EXPERIMENT = "experiment"  #: the experiment ended (time budget, ``stop_all``, fail_fast)
+
+
 @dataclass(frozen=True)
 class Stop:
-    """End the trial: ``early`` for a scheduler's ``STOP``; otherwise it is done (its
-    result said ``done``, or a stopper said so)."""
+    """End the trial; ``by`` says who decided it."""
 
-    early: bool
+    by: EndedBy  #: ``EndedBy.SCHEDULER``: stopped early
 
 
 #: What the driver does with a trial after one of its results.
@@ -44,7 +55,7 @@ Verdict = Continue | Pause | Stop | Exploit | Reconfigure
 _CONTINUE, _PAUSE = Continue(), Pause()
 _BY_DECISION: dict[Decision, Verdict] = {
     Decision.CONTINUE: _CONTINUE, Decision.NOOP: _CONTINUE, Decision.PAUSE: _PAUSE,
-    Decision.STOP: Stop(early=True),
+    Decision.STOP: Stop(EndedBy.SCHEDULER),
 }
 
 

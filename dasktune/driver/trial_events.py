@@ -17,7 +17,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from dasktune.driver.decisions import Continue, Pause, Stop, Verdict, Winding, decide
+from dasktune.driver.decisions import Continue, EndedBy, Pause, Stop, Verdict, Winding, decide
 from dasktune.execution import EventKind, ExecEvent, Report
 from dasktune.result import AUTO_RESULT_KEYS, EARLY_STOPPED, SHOULD_CHECKPOINT, reported_keys
 from dasktune.results import TuneError
@@ -140,19 +140,22 @@ class TrialEvents:
                 raw = self.scheduler.on_trial_result(self._ctx, trial, result)
             self.search_alg.on_trial_result(trial.trial_id, result)
             try:
-                done = bool(result.get("done")) or self.stopper(trial.trial_id, result)
+                # Its own "done" (the trainable's, or the stop dict's on the worker), else
+                # a driver-side stopper's.
+                done = EndedBy.TRAINABLE if result.get("done") else \
+                    EndedBy.STOPPER if self.stopper(trial.trial_id, result) else None
             except ValueError as exc:
                 self._stop_with_error(trial, str(exc))
                 continue
             if winding is not None:
                 # Pausing or moving: it runs on only to its checkpoint, but a reached
                 # stop criterion still ends it here.
-                if done:
+                if done is not None:
                     del self._winding[trial.trial_id]
-                    self._apply(trial, Stop(early=False), result)
+                    self._apply(trial, Stop(done), result)
                 continue
             # The scheduler saw every result it may judge, the last one too.
-            verdict: Verdict = Stop(early=False) if done else decide(raw, trial.trial_id)
+            verdict: Verdict = Stop(done) if done is not None else decide(raw, trial.trial_id)
             self._apply(trial, verdict, result, checkpointed=bool(ckpt))
         if self.stopper.stop_all():
             self._stop_everything("stopper.stop_all() returned True")
@@ -188,7 +191,7 @@ class TrialEvents:
             # the milestone), not after one more iteration and checkpoint.
             self._wind_down(trial, Winding.PAUSING, checkpoint=not checkpointed)
         elif isinstance(verdict, Stop):
-            self._complete(trial, result, early_stopped=verdict.early)
+            self._complete(trial, result, verdict.by)
             self._wind_down(trial, Winding.STOPPING)
         elif isinstance(verdict, Reconfigure):
             # Applied once the attempt has stopped (_take_reconfigure); at a checkpointed
@@ -292,16 +295,21 @@ class TrialEvents:
 
     # ------------------------------------------------------------- endings
     def _complete(self: TuneController, trial: Trial, result: dict[str, Any] | None,
-                  early_stopped: bool = False) -> None:
-        """TERMINATED: the trial is done (its attempt may still be winding down)."""
+                  by: EndedBy = EndedBy.TRAINABLE, why: str = "") -> None:
+        """TERMINATED: the trial is done (its attempt may still be winding down). Ended
+        by the driver (``by``, ``why``), the end is recorded in storage first."""
         if trial.is_finished:
             return
+        early_stopped = by is EndedBy.SCHEDULER
+        if early_stopped:
+            trial.stop_reason = "early_stopped"
+            trial.stop_rung = self._rung(result or trial.last_result)
+        trial.last_result = dict(trial.last_result, done=True) if trial.last_result else {}
+        if by is not EndedBy.TRAINABLE:
+            self._record_end(trial, by, why)
         self._set_status(trial, TERMINATED)
         self.book.unpin_restore(trial)  # nothing will restore it: its donor's may go
         self.executor.withdraw(trial.trial_id)  # stopped while it waited for resources
-        trial.last_result = dict(trial.last_result, done=True) if trial.last_result else {}
-        if early_stopped:
-            trial.stop_reason = "early_stopped"
         final = dict(result or trial.last_result)
         self.scheduler.on_trial_complete(self._ctx, trial, final)
         if early_stopped:
@@ -310,6 +318,35 @@ class TrialEvents:
         self.callbacks.on_trial_complete(iteration=self._iteration, trials=self.trials,
                                          trial=trial)
         self.saves.soon()
+
+    def _rung(self: TuneController, result: dict[str, Any]) -> dict[str, Any] | None:
+        """Where a scheduler stopped a trial: its ``time_attr`` and the value the trial
+        had reached (the rung), or None if the scheduler has no ``time_attr``."""
+        attr = self.scheduler.time_attr
+        value = result.get(attr) if attr else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None
+        return {"time_attr": attr, "value": value}
+
+    def _record_end(self: TuneController, trial: Trial, by: EndedBy, why: str) -> None:
+        """Write the trial-end marker of a trial the driver ended, before anything else
+        says it ended: a driver killed after this is restored with the trial TERMINATED
+        (its worker records the end of a trial that ended itself)."""
+        if not trial.path:
+            return
+        rung = trial.stop_rung if by is EndedBy.SCHEDULER else None
+        reason = why or (f"{type(self.stopper).__name__} said stop" if by is EndedBy.STOPPER
+                         else "the experiment ended")
+        if by is EndedBy.SCHEDULER:
+            reason = f"{type(self.scheduler).__name__} stopped it early" + (
+                f" at {rung['time_attr']} {rung['value']:g}" if rung else "")
+        try:
+            self.storage.write_trial_end(
+                trial.path, trial_id=trial.trial_id, attempt=trial.attempt,
+                result=trial.last_result, ended_by=by.value, reason=reason, rung=rung)
+        except Exception:  # noqa: BLE001 - a storage outage must not end the experiment
+            logger.warning("trial %s: its end could not be recorded in storage",
+                           trial.trial_id, exc_info=True)
 
     def _stop_with_error(self: TuneController, trial: Trial, message: str) -> None:
         """End a trial for a mistake no retry can fix (e.g. a missing metric)."""

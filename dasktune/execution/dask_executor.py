@@ -31,6 +31,14 @@ counts in no resource ledger until it starts, and :meth:`~DaskExecutor.unqueue` 
 it back. Calls to an actor name the attempt they mean (``_fence``), since its thread may
 have gone on to the next.
 
+Why a report is acknowledged late: a trial whose scheduler decides per result
+(``sync_reports``) waits in ``tune.report`` for the acknowledgement. It is sent once the
+driver has *handled* the report (its next call of :meth:`DaskExecutor.events`), and a stop
+the driver decided meanwhile goes to the actor first, from the same poll loop: the trial
+never runs an iteration past a decision to pause, exploit or stop it (as in Ray, whose
+trainable waits for the driver's next ``train()``), so its checkpoints, and the decisions
+that follow from them, do not depend on timing.
+
 Why demand tasks: Dask's ``Adaptive`` sizes a cluster from the scheduler's view
 (:meth:`distributed.Scheduler.adaptive_target` counts queued and unrunnable tasks), and
 a trial becomes a task only once it is placed, so an elastic cluster would never grow
@@ -84,6 +92,9 @@ class _Item:
     event: ExecEvent
     # Set (on the client loop) once the driver has taken the event: see _poll_until_finished.
     taken: asyncio.Event | None = None
+    # A sync-reports attempt's reports: ``taken`` is set only once the driver has handled
+    # them (at its next events() call), after the stops it decided on them.
+    handled: bool = False
     # FINISHED: the queued attempt that took over the actor in the same reply, and where.
     successor: tuple[str, dict[str, Any]] | None = None
 
@@ -102,6 +113,11 @@ class _Run:
     prev: _Run | None = None  # the attempt this one is queued behind
     enqueued: asyncio.Future[bool] | None = None  # the actor's answer to enqueue
     cancelled: bool = False  # the executor cancelled its task (released, or worker lost)
+    # Loop thread only: the poll loop's "driver has taken the last batch" event, and a
+    # stop decided on a batch not yet handled (checkpoint first or not), sent before the
+    # poll that acknowledges it.
+    taken: asyncio.Event | None = None
+    stop_request: bool | None = None
 
 
 class DaskExecutor:
@@ -123,11 +139,14 @@ class DaskExecutor:
         self._ledger = ResourceLedger(self._fetch_workers)
         self._path_check = path_check
         self._poll_wait = _dask_config.get_seconds("executor.poll-wait")
+        self._unresponsive = _dask_config.get_seconds("executor.unresponsive-timeout")
         self._in_flight = int(_dask_config.get("executor.max-reports-in-flight"))
         self._start_timeout = _dask_config.get_seconds("executor.actor-start-timeout")
         self._direct = bool(_dask_config.get("executor.direct-to-workers"))
         self._closed = False
         self._pending_stop: dict[str, bool] = {}
+        # Sync-reports batches returned by the last events() call (see _Item.handled).
+        self._handled: list[asyncio.Event] = []
         self._retiring = self._ledger.retiring
         self._gone = self._ledger.gone
         self._self_closing: set[str] = set()  # in Worker.close already: never re-retired
@@ -142,8 +161,9 @@ class DaskExecutor:
         self._demand_seq = 0
 
     def _put(self, event: ExecEvent, taken: asyncio.Event | None = None,
-             successor: tuple[str, dict[str, Any]] | None = None) -> None:
-        self._events.put(_Item(event, taken, successor))
+             successor: tuple[str, dict[str, Any]] | None = None,
+             handled: bool = False) -> None:
+        self._events.put(_Item(event, taken, handled=handled, successor=successor))
 
     # ------------------------------------------------------------ cluster events
     def watch_cluster(self) -> bool:
@@ -298,8 +318,18 @@ class DaskExecutor:
         if not run.started:
             self._pending_stop[trial_id] = checkpoint  # applied once the actor starts
             return
-        asyncio.run_coroutine_threadsafe(
-            self._call_quiet(run, "stop", checkpoint, _fence(run)), self._loop)
+        # Through the loop, in order with events()'s "handled" callback (both queued from
+        # this thread): a stop decided on a batch reaches the actor before its ack does.
+        self._loop.call_soon_threadsafe(self._stop_on_loop, run, checkpoint)
+
+    def _stop_on_loop(self, run: _Run, checkpoint: bool) -> None:
+        if run.taken is not None and not run.taken.is_set():
+            # Its poll loop waits for the driver to handle a batch: it sends the stop
+            # before the poll that acknowledges the batch (see the module docs).
+            prev = run.stop_request
+            run.stop_request = checkpoint if prev is None else prev and checkpoint
+            return
+        asyncio.ensure_future(self._call_quiet(run, "stop", checkpoint, _fence(run)))
 
     def checkpoint(self, trial_id: str) -> None:
         """Ask a running attempt for a checkpoint after its step in flight (class
@@ -391,6 +421,8 @@ class DaskExecutor:
 
     def events(self, timeout: float) -> list[ExecEvent]:
         """Every event so far, waiting up to ``timeout`` s for the first."""
+        # The driver has handled what the last call returned: its stops are on their way.
+        self._release_handled()
         got: list[_Item] = []
         try:
             got.append(self._events.get(timeout=timeout))
@@ -401,9 +433,10 @@ class DaskExecutor:
                 got.append(self._events.get_nowait())
             except queue.Empty:
                 break
-        taken = [item.taken for item in got if item.taken is not None]
+        taken = [item.taken for item in got if item.taken is not None and not item.handled]
         if taken:  # one wake-up of the client loop for the whole batch
             self._loop.call_soon_threadsafe(_set_all, taken)
+        self._handled = [item.taken for item in got if item.taken is not None and item.handled]
         out: list[ExecEvent] = []
         for item in got:
             event = item.event
@@ -431,9 +464,15 @@ class DaskExecutor:
                 out.append(_started(tid, run, info))
         return out
 
+    def _release_handled(self) -> None:
+        handled, self._handled = self._handled, []
+        if handled:
+            self._loop.call_soon_threadsafe(_set_all, handled)
+
     def shutdown(self) -> None:
         """Stop every attempt and drop its actor."""
         self._closed = True
+        self._release_handled()
         for run in list(self._queued.values()):  # so that no stop below starts one
             if run.prev is not None:
                 try:
@@ -630,15 +669,17 @@ class DaskExecutor:
         """Collect ``run``'s reports until it ends; on the reply that ends it, hand its
         actor to the attempt queued behind it if the actor started that one."""
         tid, attempt = run.spec.trial_id, run.spec.attempt
-        ack = 0
+        ack = 0  # the newest report the driver has taken: the actor may drop it
+        got = 0  # the newest report received
         fence = _fence(run)
         # Backpressure: the next batch is fetched only once the driver has taken the last
         # one, so a driver that falls behind holds one batch per trial (of at most its
         # share of executor.max-reports-in-flight), never a growing queue; the reports
         # wait in the actor's bounded buffer and then block the trial.
         # Meanwhile empty polls keep the actor from taking the driver for dead.
-        taken = asyncio.Event()
+        taken = run.taken = asyncio.Event()
         taken.set()
+        sync = run.spec.sync_reports
         while True:
             if tid in self._pending_stop:
                 await self._call_quiet(run, "stop", self._pending_stop.pop(tid), fence)
@@ -648,15 +689,20 @@ class DaskExecutor:
                 except asyncio.TimeoutError:
                     pass
             fetch = taken.is_set()
+            if fetch:
+                ack = got
+                if run.stop_request is not None:
+                    checkpoint, run.stop_request = run.stop_request, None
+                    await self._call_quiet(run, "stop", checkpoint, fence)
             reply = await self._call(run, "poll", ack, self._poll_wait if fetch else 0.0,
                                      fence, self._batch_limit() if fetch else 0,
-                                     timeout=self._poll_wait + 30.0)
+                                     timeout=self._poll_wait + self._unresponsive)
             if reply.get("gone"):
                 self._lost(run, f"the actor on {run.worker} no longer holds attempt {fence}")
                 return
             raw = reply["reports"]
             if raw:
-                ack = raw[-1][0]
+                got = raw[-1][0]
             reports = [Report(*r) for r in raw]
             if reply["finished"] and reply.get("fenced"):
                 # Fenced (its task left the worker) and stopped at a report: what it did
@@ -666,7 +712,8 @@ class DaskExecutor:
             if not reply["finished"]:
                 if reports:
                     taken.clear()
-                    self._put(ExecEvent(REPORTS, tid, attempt, reports=reports), taken=taken)
+                    self._put(ExecEvent(REPORTS, tid, attempt, reports=reports), taken=taken,
+                              handled=sync)
                 continue
             nxt, info = run.next, reply.get("next")
             if nxt is not None and info is not None:
@@ -687,7 +734,7 @@ class DaskExecutor:
                 # Accepted, yet not started (the attempt was fenced): start them anew.
                 run.next = None
                 self._unqueued_from(nxt)
-            await self._call_quiet(run, "poll", ack, 0, fence)  # drop the last batch
+            await self._call_quiet(run, "poll", got, 0, fence)  # drop the last batch
             return
 
 

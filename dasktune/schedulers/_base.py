@@ -157,6 +157,12 @@ class TrialScheduler:
 
     # ------------------------------------------------------------------ metric
     @property
+    def time_attr(self) -> str | None:
+        """The result key that measures a trial's progress (where its rungs or
+        perturbation points lie), or None for a scheduler without one (FIFO)."""
+        return getattr(self, "_time_attr", None)
+
+    @property
     def metric(self) -> str | None:
         """The metric this scheduler compares, or None until set."""
         return self._metric

@@ -244,6 +244,10 @@ class ResourceChangingScheduler(TrialScheduler):
 
     # ---------------------------------------------------------------- metric
     @property
+    def time_attr(self) -> str | None:
+        return self._base_scheduler.time_attr
+
+    @property
     def metric(self) -> str | None:
         return self._base_scheduler.metric
 
