@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-__all__ = ["STRATEGIES", "assign", "check_strategy", "fits_free"]
+__all__ = ["STRATEGIES", "assign", "check_strategy", "fits_free", "most_free", "place_group"]
 
 #: Ray's placement-group strategies.
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -121,3 +121,53 @@ def _spread(bundles: Sequence[Mapping[str, float]], ranks: list[int], order: lis
 
 def _in_order(got: dict[int, str], n: int) -> list[str]:
     return [got[i] for i in range(n)]
+
+
+def most_free(free: Mapping[str, Mapping[str, float]], resources: Mapping[str, float],
+               fits: Callable[[str, Mapping[str, float]], bool] | None) -> str | None:
+    """The worker of ``free`` with the most CPU left after ``resources`` that fits them."""
+    best, best_cpu = None, -1.0
+    for addr in sorted(free):
+        if fits_free(free[addr], resources) and (fits is None or fits(addr, resources)):
+            cpu = free[addr].get("CPU", 0.0) - resources.get("CPU", 0.0)
+            if cpu > best_cpu:
+                best, best_cpu = addr, cpu
+    return best
+
+
+def _minus(free: Mapping[str, Mapping[str, float]], addr: str,
+           resources: Mapping[str, float]) -> dict[str, dict[str, float]]:
+    out = {a: dict(f) for a, f in free.items()}
+    for k, v in resources.items():
+        out[addr][k] = out[addr].get(k, 0.0) - v
+    return out
+
+
+def place_group(bundles: Sequence[Mapping[str, float]], strategy: str,
+                 free: Mapping[str, Mapping[str, float]], hosts: Mapping[str, str],
+                 head: Mapping[str, float] | None, head_worker: str | None,
+                 fits: Callable[[str, Mapping[str, float]], bool] | None) -> list[str] | None:
+    """Each bundle's worker, or None; with ``head`` (a trial's own request), the head's
+    worker first (``head_worker``: it must fit there), which may also hold a bundle."""
+    if head is None:
+        return assign(bundles, strategy, free, hosts, fits)
+    if head_worker is not None:
+        if head_worker not in free or not fits_free(free[head_worker], head):
+            return None
+        got = assign(bundles, strategy, _minus(free, head_worker, head), hosts, fits)
+        return None if got is None else [head_worker, *got]
+    # The head anywhere: the bundles first, the head in what is left; else the head
+    # first (where single-trial placement would put it) and the bundles around it.
+    got = assign(bundles, strategy, free, hosts, fits)
+    if got is not None:
+        left = dict(free)
+        for addr, b in zip(got, bundles):
+            left = _minus(left, addr, b)
+        where = most_free(left, head, fits)
+        if where is not None:
+            return [where, *got]
+    where = most_free(free, head, fits)
+    if where is None:
+        return None
+    got = assign(bundles, strategy, _minus(free, where, head), hosts, fits)
+    return None if got is None else [where, *got]

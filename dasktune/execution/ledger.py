@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from dasktune.execution.gang_placement import assign, fits_free
+from dasktune.execution.gang_placement import most_free, place_group
 from dasktune.resources import GPUAllocator, format_resources, worker_capacity, worker_devices
 
 __all__ = ["ResourceLedger"]
@@ -110,7 +110,7 @@ class ResourceLedger:
     def place(self, resources: dict[str, float]) -> str | None:
         """The worker with the most free CPU that fits ``resources`` now, or None."""
         free = {addr: self.free(addr) for addr in self._eligible()}
-        return _most_free(free, resources, self._gpus_fit)
+        return most_free(free, resources, self._gpus_fit)
 
     # ------------------------------------------------------------ gangs
     def place_gang(self, bundles: Sequence[Mapping[str, float]], strategy: str = "PACK",
@@ -124,7 +124,7 @@ class ResourceLedger:
         hosts = {addr: str(self.workers().get(addr, {}).get("host", addr)) for addr in eligible}
         if head_worker is not None and head_worker not in free:
             return None
-        return _place_group(bundles, strategy, free, hosts, head, head_worker, self._gpus_fit)
+        return place_group(bundles, strategy, free, hosts, head, head_worker, self._gpus_fit)
 
     def can_ever_fit_gang(self, bundles: Sequence[Mapping[str, float]], strategy: str = "PACK",
                           head: Mapping[str, float] | None = None) -> str | None:
@@ -135,7 +135,7 @@ class ResourceLedger:
         if not caps:
             return None  # no workers yet: an elastic cluster may add some
         hosts = {addr: str(self.workers()[addr].get("host", addr)) for addr in caps}
-        if _place_group(bundles, strategy, caps, hosts, head, None, None) is not None:
+        if place_group(bundles, strategy, caps, hosts, head, None, None) is not None:
             return None
         offers = "; ".join(f"{addr}: {format_resources(c)}" for addr, c in sorted(caps.items()))
         each = sorted({format_resources(b) for b in bundles})
@@ -186,51 +186,3 @@ class ResourceLedger:
         info = self.workers().get(addr, {})
         return worker_devices(worker_capacity(info).get("GPU", 0.0))
 
-
-def _most_free(free: Mapping[str, Mapping[str, float]], resources: Mapping[str, float],
-               fits: Callable[[str, Mapping[str, float]], bool] | None) -> str | None:
-    """The worker of ``free`` with the most CPU left after ``resources`` that fits them."""
-    best, best_cpu = None, -1.0
-    for addr in sorted(free):
-        if fits_free(free[addr], resources) and (fits is None or fits(addr, resources)):
-            cpu = free[addr].get("CPU", 0.0) - resources.get("CPU", 0.0)
-            if cpu > best_cpu:
-                best, best_cpu = addr, cpu
-    return best
-
-
-def _minus(free: Mapping[str, Mapping[str, float]], addr: str,
-           resources: Mapping[str, float]) -> dict[str, dict[str, float]]:
-    out = {a: dict(f) for a, f in free.items()}
-    for k, v in resources.items():
-        out[addr][k] = out[addr].get(k, 0.0) - v
-    return out
-
-
-def _place_group(bundles: Sequence[Mapping[str, float]], strategy: str,
-                 free: Mapping[str, Mapping[str, float]], hosts: Mapping[str, str],
-                 head: Mapping[str, float] | None, head_worker: str | None,
-                 fits: Callable[[str, Mapping[str, float]], bool] | None) -> list[str] | None:
-    """The bundles' workers (after the head's, with ``head``), or None."""
-    if head is None:
-        return assign(bundles, strategy, free, hosts, fits)
-    if head_worker is not None:
-        if head_worker not in free or not fits_free(free[head_worker], head):
-            return None
-        got = assign(bundles, strategy, _minus(free, head_worker, head), hosts, fits)
-        return None if got is None else [head_worker, *got]
-    # The head anywhere: the bundles first, the head in what is left; else the head
-    # first (where single-trial placement would put it) and the bundles around it.
-    got = assign(bundles, strategy, free, hosts, fits)
-    if got is not None:
-        left = dict(free)
-        for addr, b in zip(got, bundles):
-            left = _minus(left, addr, b)
-        where = _most_free(left, head, fits)
-        if where is not None:
-            return [where, *got]
-    where = _most_free(free, head, fits)
-    if where is None:
-        return None
-    got = assign(bundles, strategy, _minus(free, where, head), hosts, fits)
-    return None if got is None else [where, *got]
