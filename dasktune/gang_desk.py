@@ -63,11 +63,12 @@ class GangDesk:
 
     Args:
         wake: wakes the actor's poll, so that a new note travels at once.
-        stopped: set when the attempt must end (a waiting ``reserve`` gives up).
+        stopped: whether the attempt must end (a waiting ``reserve`` gives up: a trial
+            that waits for workers has nothing to checkpoint before a pause or a move).
         reserved: a gang the driver reserved for this attempt at its start.
     """
 
-    def __init__(self, wake: Callable[[], None], stopped: threading.Event,
+    def __init__(self, wake: Callable[[], None], stopped: Callable[[], bool],
                  reserved: WorkerGang | None = None):
         self._wake = wake
         self._stopped = stopped
@@ -100,7 +101,7 @@ class GangDesk:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while waiting.gang is None and waiting.error is None:
-                if self._closed or self._stopped.is_set():
+                if self._closed or self._stopped():
                     self._give_up(request)
                     raise GangStopped("the trial was stopped while it waited for workers")
                 left = _WAKE_S if deadline is None else min(_WAKE_S,

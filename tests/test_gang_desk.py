@@ -22,7 +22,7 @@ def gang(gang_id: str = "g1") -> WorkerGang:
 def desk(reserved: WorkerGang | None = None) -> tuple[GangDesk, threading.Event, list[int]]:
     woken: list[int] = []
     stopped = threading.Event()
-    return GangDesk(lambda: woken.append(1), stopped, reserved), stopped, woken
+    return GangDesk(lambda: woken.append(1), stopped.is_set, reserved), stopped, woken
 
 
 def answer_when_asked(d: GangDesk, answer) -> threading.Thread:
