@@ -94,7 +94,7 @@ class TrialSession:
                  should_stop: Callable[..., bool], worker_address: str = "",
                  fenced: Callable[[], bool] | None = None, gangs: GangDesk | None = None):
         self.spec = spec
-        self._gangs = gangs  # None where gangs cannot be asked for (an isolated child)
+        self._gangs = gangs  # None where no actor relays gang requests
         self._emit = emit
         self._should_stop = should_stop
         self._fenced = fenced  # whether no driver will ever collect this attempt
@@ -228,8 +228,8 @@ class TrialSession:
     # ------------------------------------------------------------ gangs
     def _desk(self) -> GangDesk:
         if self._gangs is None:
-            raise RuntimeError("reserve_workers() is not available in a trial that runs in a "
-                               "process of its own (GPU trials, dasktune.executor.isolate)")
+            raise RuntimeError("reserve_workers() needs a trial started by dasktune's "
+                               "executor")
         return self._gangs
 
     def reserve_workers(self, bundles: list[dict[str, float]], strategy: str = "PACK",

@@ -60,7 +60,8 @@ def gang_trial(config: dict[str, Any]) -> None:
     time.sleep(config["hold"])
     _record(config["out"], {"trial": tune.get_context().get_trial_id(), "asked": asked,
                             "granted": granted, "end": time.time(), "workers": gang.workers,
-                            "pids": sorted(pids.values()), "hosts": gang.hosts})
+                            "pids": sorted(pids.values()), "hosts": gang.hosts,
+                            "pid": os.getpid()})
     tune.report({"workers": len(set(gang.workers))})
 
 
@@ -232,3 +233,15 @@ def test_a_gang_declared_up_front_is_reserved_with_every_trial(cluster, tmp_path
     assert grid.num_errors == 0 and len(rows) == 3
     assert all(r["granted"] - r["asked"] < 0.05 for r in rows), rows
     assert _overlaps([{**r, "granted": r["asked"]} for r in rows]) == [], rows
+
+
+def test_an_isolated_trial_reserves_its_gang_through_its_actor(cluster, tmp_path):  # noqa: F811
+    import dask
+
+    procs = cluster(3)
+    with dask.config.set({"dasktune.executor.isolate": True}):
+        grid, rows = _fit(tmp_path, gang_trial, n=2, hold=0.2, samples=1)
+    assert grid.num_errors == 0, grid.errors
+    row, = rows
+    assert len(set(row["workers"])) == 2 and len(set(row["pids"])) == 2
+    assert row["pid"] not in {p.pid for p in procs.workers}  # it ran in a child process
