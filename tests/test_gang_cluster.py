@@ -245,3 +245,42 @@ def test_an_isolated_trial_reserves_its_gang_through_its_actor(cluster, tmp_path
     row, = rows
     assert len(set(row["workers"])) == 2 and len(set(row["pids"])) == 2
     assert row["pid"] not in {p.pid for p in procs.workers}  # it ran in a child process
+
+
+def test_a_lost_head_loses_the_trial_and_releases_its_gang(cluster, tmp_path):  # noqa: F811
+    procs = cluster(3)
+    from dasktune import runtime
+
+    executor = DaskExecutor(runtime._client)
+    executor.watch_cluster()
+    storage = ExperimentStorage(str(tmp_path / "results"), "gang-head")
+    out = str(tmp_path / "gangs.jsonl")
+    spec = TrialSpec(trial_id="h1", trial_name="h1", experiment_name="gang-head",
+                     config={"n": 2, "hold": 600.0, "out": out},
+                     trainable=_shipped(gang_trial), storage=storage,
+                     trial_path=storage.trial_path("h1"))
+    try:
+        group = executor.place_gang([ONE, ONE], "PACK", head=ONE)
+        assert group is not None
+        head = group[0]
+        spec.gang = executor.grant_workers("h1", [ONE, ONE], "PACK", group[1:])
+        executor.start(spec, dict(ONE), head)
+        assert executor.place(ONE) is None  # head and gang reserved together
+        pid = runtime._client.run(os.getpid, workers=[head])[head]
+        assert pid in {p.pid for p in procs.workers}
+        wait_for(lambda: any(e.kind is EventKind.STARTED for e in executor.events(0.2)),
+                 60, what="the trial to start")
+        os.kill(pid, signal.SIGKILL)
+        ends: list[Any] = []
+
+        def on_event(event: Any) -> None:
+            if event.kind is EventKind.WORKER_LOST:
+                ends.extend(executor.lose_worker(event.worker))  # as the driver does
+
+        events = wait_for_end(executor, "h1", 60, on_event=on_event)
+        assert events[-1].kind is EventKind.LOST, events[-1]
+        executor.release("h1")
+        # Both gang workers are free again: a new gang of two fits on them.
+        assert sorted(executor.place_gang([ONE, ONE], "PACK") or []) == sorted(group[1:])
+    finally:
+        executor.shutdown()
