@@ -8,6 +8,9 @@ a lost gang worker does not lose the trial -- the gang's slots are given back an
 :func:`gang_lost` names the dead workers, for the trainer to restart its group on a
 fresh gang; the trial is lost (and its gangs released) when its own worker dies.
 
+Over ~400 lines because every call a trial's code makes lives here, one home for what
+``tune`` and ``dasktune.train`` hand the user (the desk behind the gang calls is not).
+
 Each running trial has one :class:`TrialSession`, bound to the thread that runs the
 user's code. A report fills Ray's auto fields, commits its checkpoint to storage
 (``report`` returns only once it is committed), applies the ``stop`` dict locally so
