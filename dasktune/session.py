@@ -393,15 +393,21 @@ def wait_gang_lost(gang: WorkerGang, timeout: float | None = None) -> list[str]:
 
 class TrialResources(dict):
     """A trial's resources, ``{"CPU": 2.0, ..., "gpu_ids": [...]}``, that also answer as
-    the ``PlacementGroupFactory`` Ray's ``get_trial_resources()`` returns does."""
+    the ``PlacementGroupFactory`` Ray's ``get_trial_resources()`` returns does.
+
+    ``bundles`` is the trial's own request, then the bundles of the gang reserved with
+    the trial when it started (Ray's convention: bundle 0 is the trial's), if one was."""
+
+    gang_bundles: list[dict[str, float]] = []  # set per instance; never mutated
 
     @property
     def required_resources(self) -> dict[str, float]:
+        """The trial's own request (its actor's; a gang's bundles are in ``bundles``)."""
         return {k: v for k, v in self.items() if k != "gpu_ids"}
 
     @property
     def bundles(self) -> list[dict[str, float]]:
-        return [self.required_resources]  # one actor on one worker: one bundle
+        return [self.required_resources, *(dict(b) for b in self.gang_bundles)]
 
     @property
     def head_cpus(self) -> float:
@@ -432,7 +438,10 @@ class TrialContext:
 
     def get_trial_resources(self) -> TrialResources:
         spec = self._spec()
-        return TrialResources({**spec.resources, "gpu_ids": list(spec.gpu_ids)})
+        resources = TrialResources({**spec.resources, "gpu_ids": list(spec.gpu_ids)})
+        if spec.gang is not None:
+            resources.gang_bundles = [dict(b) for b in spec.gang.bundles]
+        return resources
 
     def get_experiment_name(self) -> str:
         return self._spec().experiment_name
