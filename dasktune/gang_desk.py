@@ -15,7 +15,8 @@ the child; the actor's desk then only relays: the child's notes come in through
 :meth:`GangDesk.relay_notes`, and the driver's answers go back to the child through
 :meth:`GangDesk.take_answers`, applied there by :meth:`GangDesk.apply_answers`. A gang reserved when the attempt
 started (the driver learnt the experiment's gang shape) is handed to the first
-:meth:`~GangDesk.reserve` that asks for that shape, with no round trip.
+:meth:`~GangDesk.reserve` if it asks for that shape, with no round trip; if it asks for
+another, the reserved gang is given back.
 """
 
 from __future__ import annotations
@@ -97,10 +98,14 @@ class GangDesk:
         if timeout is not None and timeout < 0:
             raise ValueError(f"reserve_workers: timeout must be >= 0 or None, got {timeout!r}")
         with self._cond:
-            ready = self._reserved
+            ready, self._reserved = self._reserved, None  # offered once
             if ready is not None and ready.bundles == wanted and ready.strategy == strategy:
-                self._reserved = None  # handed over once
                 return ready
+            if ready is not None:
+                # Another shape than the experiment's: the reserved gang must not be held
+                # while this one waits (the trial would hold what it waits for).
+                del self._held[ready.gang_id]
+                self._notes.append(("release", ready.gang_id))
             request = GangRequest(f"r{next(_ids)}", wanted, strategy)
             waiting = self._waiting[request.request_id] = _Waiting(request)
             self._notes.append(("want", request))

@@ -158,3 +158,11 @@ def test_an_isolated_trials_requests_are_relayed_both_ways():
     assert parent.grant(late.request_id, gang("late")) is False  # withdrawn first
     child.apply_answers([("grant", late.request_id, gang("late"))])
     assert ("release", "late") in parent.take_notes()
+
+
+def test_a_gang_reserved_at_start_is_given_back_when_the_trial_asks_another_shape():
+    d, _, _ = desk(gang("pre"))
+    with pytest.raises(TimeoutError):
+        d.reserve([{"CPU": 1}] * 3, timeout=0.05)
+    notes = d.take_notes()
+    assert notes[0] == ("release", "pre") and [n[0] for n in notes[1:]] == ["want", "withdraw"]
