@@ -168,6 +168,9 @@ def _relay(attempt: Attempt, conn: Connection,
     sent_now = sent_ckpt = False
     kill_at: float | None = None
     while True:
+        answers = attempt.gangs.take_answers() if attempt.gangs is not None else []
+        if answers:  # the driver's answers to the child's gang requests
+            conn.send_bytes(cloudpickle.dumps(("gang", answers)))
         if not sent_ckpt and attempt.stop_after_checkpoint.is_set():
             conn.send_bytes(pickle.dumps(("stop", True)))
             sent_ckpt = True
@@ -182,9 +185,6 @@ def _relay(attempt: Attempt, conn: Connection,
             kill_at = time.monotonic() + STOP_GRACE_S
         if kill_at is not None and time.monotonic() > kill_at:
             return False, None, True  # ignored the stop: _reap terminates it
-        answers = attempt.gangs.take_answers() if attempt.gangs is not None else []
-        if answers:  # the driver's answers to the child's gang requests
-            conn.send_bytes(cloudpickle.dumps(("gang", answers)))
         if not conn.poll(_POLL_S):
             if proc.poll() is not None and not conn.poll(0):
                 return False, None, sent_now
