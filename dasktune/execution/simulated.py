@@ -273,9 +273,10 @@ class SimulatedExecutor:
                 run = self._runs.get(key)
                 if run is None or run.token != token:
                     continue  # stale: stopped, lost or released meanwhile
+                # The clock is at the event before the attempt moves: its result's
+                # timestamp and its next iteration count from here.
+                self.now = max(self.now, when)
                 ev = self._advance(run, kind)
-                if ev is None:
-                    continue
             first = when if first is None else first
             self.now = max(self.now, when)
             out.append(ev)
@@ -286,7 +287,7 @@ class SimulatedExecutor:
                                "attempt was not released")
         return out
 
-    def _advance(self, run: SimAttempt, kind: int) -> ExecEvent | None:
+    def _advance(self, run: SimAttempt, kind: int) -> ExecEvent:
         tid, attempt = run.spec.trial_id, run.spec.attempt
         if kind == _FINISH:
             run.token = self._next_token()
