@@ -260,6 +260,27 @@ def test_each_iteration_takes_its_virtual_time():
     assert ex.now == 10.0
 
 
+def test_a_lost_workers_trial_restarts_at_the_moment_of_the_loss():
+    """Worker 0 is lost at 2.5 s while another trial's iterations end at 3, 4, ...: the
+    lost trial restarts at 2.5 (from scratch), so its iterations end at 3.5, 4.5, 5.5,
+    6.5, not one event later (the repeated first two are not logged again)."""
+    stamps: dict[float, list[tuple[int, float]]] = defaultdict(list)
+
+    class Stamps(Callback):
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            stamps[trial.config["d"]].append((result["training_iteration"],
+                                              result["timestamp"] - int(EPOCH)))
+
+    ex = SimulatedExecutor(
+        3, trial_model=lambda config, trial_id: [(config["d"], {"i": i}) for i in range(4)])
+    ex.kill_workers(["sim://worker-0000"], at=2.5)
+    run_simulated("f", {"d": tune.grid_search([1.0, 1.5])}, TuneConfig(),
+                  RunConfig(callbacks=[Stamps()]), executor=ex)
+    # The 1 s trial ran on worker 0 (whole-second timestamps, as Ray's).
+    assert stamps[1.0] == [(1, 1), (2, 2), (3, 5), (4, 6)]
+    assert stamps[1.5] == [(1, 1), (2, 3), (3, 4), (4, 6)]
+
+
 # ----------------------------------------------------------------- load
 
 
