@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 
 from dasktune import _dask_config
+from dasktune.logger import DEFAULT_LOGGERS
 from dasktune.policy_log import PBTPolicyLogger
-from dasktune.trainable import unwrap
+from dasktune.progress import ProgressReporter
+from dasktune.trainable import is_class_trainable, unwrap
 from dasktune.trial_notices import TrialNotices
 
 if TYPE_CHECKING:
@@ -73,8 +75,6 @@ def make_search_alg(tc: TuneConfig, param_space: dict[str, Any], uid: str) -> Se
 def check_checkpoint_config(trainable: Any, checkpoint_config: CheckpointConfig | None) -> None:
     """Ray refuses frequency/at-end checkpointing for a function trainable: only a
     ``Trainable`` class can be asked to save; a function reports its own checkpoints."""
-    from dasktune.trainable import is_class_trainable
-
     core, _, _ = unwrap(trainable)
     cc = checkpoint_config
     if cc is None or is_class_trainable(core):
@@ -140,8 +140,6 @@ def make_callbacks(rc: RunConfig, client: Any, storage: ExperimentStorage, name:
                    tc: TuneConfig, search_alg: Any, scheduler: Any) -> list[Callback]:
     """User callbacks, plus the default loggers (unless the user passed their own
     instance of a class), PBT's policy log and the dashboard feed."""
-    from dasktune.logger import DEFAULT_LOGGERS
-
     callbacks = list(rc.callbacks or [])
     callbacks.append(PBTPolicyLogger())  # writes nothing unless PBT exploits with log_config
     if rc.verbose is None or rc.verbose >= 1:  # Ray prints trial errors from verbosity 1
@@ -169,8 +167,6 @@ def make_callbacks(rc: RunConfig, client: Any, storage: ExperimentStorage, name:
 
 
 def make_reporter(rc: RunConfig, tc: TuneConfig) -> Any:
-    from dasktune.progress import ProgressReporter
-
     if rc.progress_reporter is not None:
         reporter = rc.progress_reporter
         if hasattr(reporter, "set_search_properties"):  # Ray: TuneConfig's metric/mode

@@ -7,12 +7,11 @@ runner would: Ray's auto fields (:func:`~dasktune.result.fill_auto_fields`, on t
 clock), the ``stop`` dict (:func:`~dasktune.session.stop_dict_hit`), the checkpoint
 policy (:func:`~dasktune.attempt.checkpoint_due`) and, on ``stop(checkpoint=True)``, a
 checkpoint-only report after the iteration in flight, as a class trainable does
-(``Attempt._save_only``). Checkpoints are names only: nothing is written.
+(the runner's checkpoint-only save). Checkpoints are names only: nothing is written.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -20,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from dasktune.attempt import checkpoint_due
 from dasktune.execution.protocol import EventKind, Report
 from dasktune.layout import checkpoint_dir_name
-from dasktune.result import fill_auto_fields
+from dasktune.result import fill_auto_fields, format_date
 from dasktune.session import stop_dict_hit
 
 if TYPE_CHECKING:
@@ -106,7 +105,7 @@ class SimAttempt:
         self.seq += 1
         reports.append(Report(self.seq, result, path))
         if self.stop == StopRequest.AFTER_CHECKPOINT and not last:
-            if path is None:  # a checkpoint-only report, as Attempt._save_only
+            if path is None:  # a checkpoint-only report, as the runner saves one
                 self.seq += 1
                 reports.append(Report(self.seq, None, self._checkpoint()))
             last = True
@@ -131,7 +130,7 @@ class SimAttempt:
             time_since_restore=self.time_since_restore,
             timestamp=wall,
             # Virtual time: UTC, so a simulation's dates do not depend on the machine's zone.
-            date=time.strftime("%Y-%m-%d_%H-%M-%S", time.gmtime(wall)),
+            date=format_date(wall, utc=True),
             trial_id=spec.trial_id,
             experiment_tag=spec.experiment_tag,
             pid=0,
