@@ -48,6 +48,7 @@ def make_search_alg(tc: TuneConfig, param_space: dict[str, Any], uid: str) -> Se
     """The search algorithm the driver drives: ``BasicVariantGenerator`` by default,
     any ``Searcher`` wrapped in a ``SearchGenerator`` (which counts ``num_samples``)."""
 
+    # Imported on first use, as dasktune/__init__ does: ``import dasktune`` stays light.
     from dasktune.search import BasicVariantGenerator, SearchAlgorithm, Searcher, SearchGenerator
 
     alg = _copy(tc.search_alg) if tc.search_alg is not None else None
@@ -116,6 +117,7 @@ def apply_name_creators(trial: Any, tc: TuneConfig | None) -> None:
 
 def make_scheduler(tc: TuneConfig) -> TrialScheduler:
 
+    # Imported on first use, as dasktune/__init__ does: ``import dasktune`` stays light.
     from dasktune.schedulers import FIFOScheduler, TrialScheduler
 
     sched = _copy(tc.scheduler) if tc.scheduler is not None else FIFOScheduler()
@@ -285,7 +287,7 @@ def open_path_check(client: Any, storage: ExperimentStorage) -> Any:
     later; None for remote storage. The caller closes it."""
     if not storage.is_local:
         return None
-    from dasktune.shared_path import SharedPathCheck
+    from dasktune.shared_path import SharedPathCheck  # speaks Dask: imported on use
 
     check = SharedPathCheck(client, storage)
     blind = check.blind()
