@@ -204,7 +204,7 @@ def searcher(name: str):
 def through_dasktune(name: str, n: int) -> Callable[[], None]:
     gen = SearchGenerator(searcher(name), n)
     gen.set_search_properties("loss", "min", SPACE)
-    gen._async_off = True  # time each ask on this thread, as the fast path runs it
+    gen.asks_inline = True  # time each ask on this thread, as the fast path runs it
 
     def step() -> None:
         s = gen.next_trial()

@@ -20,6 +20,7 @@ import fsspec
 
 from dasktune.experiment import read_state
 from dasktune.logger import flatten_dict
+from dasktune.metric_mode import MODES
 from dasktune.result import DEFAULT_METRIC, TRAINING_ITERATION
 from dasktune.results import MetricNotFoundError, ResultGrid, read_result_json, result_from_trial
 from dasktune.storage import STATE_FILE, ExperimentStorage
@@ -52,7 +53,7 @@ class ExperimentAnalysis:
                  storage_filesystem: Any = None, trials: list[Trial] | None = None,
                  default_metric: str | None = None, default_mode: str | None = None,
                  storage_options: dict[str, Any] | None = None):
-        if default_mode and default_mode not in ("min", "max"):
+        if default_mode and default_mode not in MODES:
             raise ValueError("`default_mode` has to be None or one of [min, max]")
         path = os.fspath(experiment_checkpoint_path)
         if storage_filesystem is not None:  # a path on that filesystem, its scheme dropped
@@ -235,7 +236,7 @@ class ExperimentAnalysis:
     def dataframe(self, metric: str | None = None, mode: str | None = None) -> pd.DataFrame:
         """One row per trial with its ``config/`` columns: its result with the best
         ``metric`` ever seen by ``mode``, or its last result without a mode."""
-        if mode and mode not in ("min", "max"):
+        if mode and mode not in MODES:
             raise ValueError("If set, `mode` has to be one of [min, max]")
         if mode and not metric:
             raise ValueError("If a `mode` is passed to `ExperimentAnalysis.dataframe(), "
@@ -266,7 +267,7 @@ class ExperimentAnalysis:
         if not mode and not self.default_mode:
             raise ValueError("No `mode` has been passed and `default_mode` has not been set. "
                              "Please specify the `mode` parameter.")
-        if mode and mode not in ("min", "max"):
+        if mode and mode not in MODES:
             raise ValueError("If set, `mode` has to be one of [min, max]")
         return mode or self.default_mode  # type: ignore[return-value]
 

@@ -21,6 +21,7 @@ from typing import Any
 from dasktune import registry
 from dasktune.analysis import ExperimentAnalysis
 from dasktune.config import CheckpointConfig, FailureConfig, RunConfig, TuneConfig
+from dasktune.metric_mode import MODES
 from dasktune.results import TuneError
 from dasktune.schedulers import create_scheduler
 from dasktune.search import create_searcher
@@ -150,7 +151,7 @@ def run(
     raises :class:`~dasktune.TuneError` after the run. ``storage_options`` (dasktune's)
     are as in ``RunConfig``.
     """
-    if mode and mode not in ("min", "max"):
+    if mode and mode not in MODES:  # Ray's words, the one list of modes
         raise ValueError("The `mode` parameter passed to `tune.run(...)` must be one of "
                          "['min', 'max']")
     config = {} if config is None else config

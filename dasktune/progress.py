@@ -17,6 +17,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from dasktune import _dask_config
 from dasktune.logger import flatten_dict
+from dasktune.metric_mode import MODES
 from dasktune.trial import ERROR, PAUSED, PENDING, RUNNING, TERMINATED
 
 if TYPE_CHECKING:
@@ -130,7 +131,7 @@ class ProgressReporter:
 
     def _best(self, trials: list[Trial]) -> Trial | None:
         scored = [t for t in trials if self._value(t) is not None]
-        if not scored or self.mode not in ("min", "max"):
+        if not scored or self.mode not in MODES:
             return None
         key = self._value
         return min(scored, key=key) if self.mode == "min" else max(scored, key=key)  # type: ignore[arg-type,return-value]

@@ -46,9 +46,11 @@ def reported_keys(keys: Iterable[str]) -> str:
     return f"{text}, and the automatic {', '.join(auto)}" if auto else text
 
 
-def format_date(timestamp: float) -> str:
-    """Ray's ``date`` field: local time to the second, ``2026-12-06_10-15-44``."""
-    return datetime.datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d_%H-%M-%S")
+def format_date(timestamp: float, *, utc: bool = False) -> str:
+    """Ray's ``date`` (and experiment-name) format: local time to the second,
+    ``2026-12-06_10-15-44``; UTC with ``utc``."""
+    tz = datetime.timezone.utc if utc else None
+    return datetime.datetime.fromtimestamp(timestamp, tz).strftime("%Y-%m-%d_%H-%M-%S")
 
 
 def fill_auto_fields(metrics: dict[str, Any], *, training_iteration: int,

@@ -19,6 +19,9 @@ from typing import Any
 
 import dask.config
 
+from dasktune import _dask_config
+from dasktune.resources import detect_gpus
+
 logger = logging.getLogger(__name__)
 
 # ray.init arguments that mean nothing on Dask; accepted so scripts run unchanged.
@@ -90,8 +93,6 @@ def _local_cluster(num_cpus: int | None = None, **kwargs: Any) -> Any:
     from dask.utils import parse_bytes
     from distributed import Scheduler, SpecCluster, Worker
     from distributed.deploy.subprocess import SubprocessWorker
-
-    from dasktune.resources import detect_gpus
 
     if kwargs.pop("asynchronous", False):
         raise TypeError("dasktune.init(): asynchronous=True is not supported (init returns a "
@@ -259,8 +260,6 @@ def init(address: str | None = None, *, security: Any = None, num_cpus: int | No
 def _wait_for_local_workers(client: Any, n: int) -> None:
     """Return once the embedded cluster's workers have joined, so that their start-up
     (seconds: a process each, imports) is paid here and not by the first trials."""
-    from dasktune import _dask_config
-
     timeout = _dask_config.get_seconds("local-cluster.start-timeout")
     try:
         client.wait_for_workers(n, timeout=timeout)
@@ -299,10 +298,12 @@ def is_initialized() -> bool:
 def get_client() -> tuple[Any, Any]:
     """The client trials run on, and the cluster object if dasktune owns it."""
     from distributed import Client
-    from distributed.client import _get_global_client
 
     # An active client (``with Client(addr): tuner.fit()``) is the most local choice.
-    active = _get_global_client()
+    try:
+        active = Client.current()
+    except ValueError:  # no client: dasktune's own, or a new one
+        active = None
     if active is not None and active.status == "running":
         return active, getattr(active, "cluster", None)
     with _lock:

@@ -14,6 +14,11 @@ The helpers the search algorithms use:
 
 The translation for Optuna lives with its searcher, in :mod:`dasktune.search.optuna_space`.
 numpy is the only third-party import.
+
+Over ~400 lines because it is Ray's ``tune.search.sample`` (the domains) and its
+``variant_generator`` (walking, expanding and resolving a param space) in the one
+namespace that every searcher uses as ``sp.X``; the two halves can become two modules
+when the searchers' imports are changed with them.
 """
 
 from __future__ import annotations

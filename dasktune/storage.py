@@ -24,6 +24,11 @@ a directory without a manifest, which restore skips.
 
 An :class:`ExperimentStorage` pickles (fsspec filesystems do), so it travels to the
 workers with each trial: workers write checkpoints straight to storage.
+
+Over ~400 lines because it holds, besides the store, :class:`AppendFile` (the file the
+loggers append to, about 190 lines) and the transfer helpers, which share the retry,
+redaction and local-or-remote rules of this module: AppendFile can move out once those
+rules have a module of their own (it needs them, and the store builds AppendFiles).
 """
 
 from __future__ import annotations

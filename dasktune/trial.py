@@ -124,6 +124,12 @@ class Trial:
     def __str__(self) -> str:
         return self.trial_name  # Ray: str(trial) is its name
 
+    @property
+    def lost_its_worker(self) -> bool:
+        """Whether its newest attempt ended because its worker was lost (a move, not a
+        failure of its code)."""
+        return bool(self.placements) and self.placements[-1].outcome == "lost"
+
     # --------------------------------------------------------------- status
     def set_status(self, status: str) -> None:
         if status == self.status:

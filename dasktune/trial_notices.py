@@ -57,11 +57,10 @@ class TrialNotices(Callback):
 
     def on_trial_recover(self, iteration: int, trials: list[Trial], trial: Trial,
                          **info: Any) -> None:
-        last = trial.placements[-1] if trial.placements else None
         start = f"checkpoint {trial.checkpoint}" if trial.checkpoint else "scratch"
-        if last is not None and last.outcome == "lost":
-            self._say(f"Trial {trial}: worker {last.worker} was lost; moving the trial, "
-                      f"restarting from {start}")
+        if trial.lost_its_worker:
+            self._say(f"Trial {trial}: worker {trial.placements[-1].worker} was lost; "
+                      f"moving the trial, restarting from {start}")
         else:
             self._say(f"Trial {trial} errored (failure {trial.num_failures}), retrying from "
                       f"{start}: {last_error_line(trial.error_msg)}")

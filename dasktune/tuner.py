@@ -8,18 +8,21 @@ the same from an experiment's saved state (``experiment.py``).
 
 from __future__ import annotations
 
-import datetime
 import logging
 import os
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dasktune import experiment, registry, tuner_build
+from dasktune import experiment, registry, runtime, tuner_build
 from dasktune.config import RunConfig, TuneConfig
 from dasktune.driver.gang_queue import split_gang_request
+from dasktune.resources import normalize_request
+from dasktune.result import format_date
 from dasktune.results import ResultGrid
 from dasktune.space import leaves, path_str, validate_param_space
+from dasktune.stopper import make_stopper
 from dasktune.storage import ExperimentStorage
 from dasktune.trainable import (
     is_class_trainable,
@@ -90,10 +93,9 @@ class Tuner:
     # ------------------------------------------------------------------ fit
     def fit(self) -> ResultGrid:
         """Run the experiment to the end and return its results."""
-        from dasktune import runtime
+        # Imported on first use: ``import dasktune`` stays light (no distributed).
         from dasktune.driver import ExperimentPlan, TuneController
         from dasktune.execution.dask_executor import DaskExecutor
-        from dasktune.stopper import make_stopper
 
         tc, rc = self._tune_config, self._run_config
         name = self._name
@@ -207,8 +209,7 @@ class Tuner:
 
     # ------------------------------------------------------------------ helpers
     def _default_name(self) -> str:
-        stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-        return f"{self._trainable_name}_{stamp}"
+        return f"{self._trainable_name}_{format_date(time.time())}"
 
     def _state_writer(self, storage: ExperimentStorage) -> experiment.StateWriter:
         return experiment.StateWriter(storage, name=self._name, uid=self._uid,
@@ -225,8 +226,6 @@ class Tuner:
                                  storage_options=rc.storage_options)
 
     def _resources_for(self) -> Callable[[dict[str, Any]], dict[str, float]]:
-        from dasktune.resources import normalize_request
-
         core, _, request = unwrap(self._trainable)
         if request is None and is_class_trainable(core):
             request = core.default_resource_request

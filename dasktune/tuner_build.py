@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 
 from dasktune import _dask_config
+from dasktune.logger import DEFAULT_LOGGERS
 from dasktune.policy_log import PBTPolicyLogger
-from dasktune.trainable import unwrap
+from dasktune.progress import ProgressReporter
+from dasktune.trainable import is_class_trainable, unwrap
 from dasktune.trial_notices import TrialNotices
 
 if TYPE_CHECKING:
@@ -46,6 +48,7 @@ def make_search_alg(tc: TuneConfig, param_space: dict[str, Any], uid: str) -> Se
     """The search algorithm the driver drives: ``BasicVariantGenerator`` by default,
     any ``Searcher`` wrapped in a ``SearchGenerator`` (which counts ``num_samples``)."""
 
+    # Imported on first use, as dasktune/__init__ does: ``import dasktune`` stays light.
     from dasktune.search import BasicVariantGenerator, SearchAlgorithm, Searcher, SearchGenerator
 
     alg = _copy(tc.search_alg) if tc.search_alg is not None else None
@@ -73,8 +76,6 @@ def make_search_alg(tc: TuneConfig, param_space: dict[str, Any], uid: str) -> Se
 def check_checkpoint_config(trainable: Any, checkpoint_config: CheckpointConfig | None) -> None:
     """Ray refuses frequency/at-end checkpointing for a function trainable: only a
     ``Trainable`` class can be asked to save; a function reports its own checkpoints."""
-    from dasktune.trainable import is_class_trainable
-
     core, _, _ = unwrap(trainable)
     cc = checkpoint_config
     if cc is None or is_class_trainable(core):
@@ -116,6 +117,7 @@ def apply_name_creators(trial: Any, tc: TuneConfig | None) -> None:
 
 def make_scheduler(tc: TuneConfig) -> TrialScheduler:
 
+    # Imported on first use, as dasktune/__init__ does: ``import dasktune`` stays light.
     from dasktune.schedulers import FIFOScheduler, TrialScheduler
 
     sched = _copy(tc.scheduler) if tc.scheduler is not None else FIFOScheduler()
@@ -140,8 +142,6 @@ def make_callbacks(rc: RunConfig, client: Any, storage: ExperimentStorage, name:
                    tc: TuneConfig, search_alg: Any, scheduler: Any) -> list[Callback]:
     """User callbacks, plus the default loggers (unless the user passed their own
     instance of a class), PBT's policy log and the dashboard feed."""
-    from dasktune.logger import DEFAULT_LOGGERS
-
     callbacks = list(rc.callbacks or [])
     callbacks.append(PBTPolicyLogger())  # writes nothing unless PBT exploits with log_config
     if rc.verbose is None or rc.verbose >= 1:  # Ray prints trial errors from verbosity 1
@@ -169,8 +169,6 @@ def make_callbacks(rc: RunConfig, client: Any, storage: ExperimentStorage, name:
 
 
 def make_reporter(rc: RunConfig, tc: TuneConfig) -> Any:
-    from dasktune.progress import ProgressReporter
-
     if rc.progress_reporter is not None:
         reporter = rc.progress_reporter
         if hasattr(reporter, "set_search_properties"):  # Ray: TuneConfig's metric/mode
@@ -289,7 +287,7 @@ def open_path_check(client: Any, storage: ExperimentStorage) -> Any:
     later; None for remote storage. The caller closes it."""
     if not storage.is_local:
         return None
-    from dasktune.shared_path import SharedPathCheck
+    from dasktune.shared_path import SharedPathCheck  # speaks Dask: imported on use
 
     check = SharedPathCheck(client, storage)
     blind = check.blind()

@@ -18,6 +18,7 @@ import pytest
 import dasktune as tune
 from dasktune.callback import Callback
 from dasktune.config import CheckpointConfig, RunConfig, TuneConfig
+from dasktune.execution.sim_attempt import EPOCH
 from dasktune.schedulers import ASHAScheduler, PopulationBasedTraining
 from dasktune.simulator import SimulatedExecutor, run_simulated
 
@@ -244,6 +245,47 @@ def test_pbt_time_multiplexes_the_whole_population():
     # point, so >= 4) and are logged: each result is the next one, or a new lineage's.
     for its in rec.iterations.values():
         assert its[0] == 1 and all(b == a + 1 or b > 4 for a, b in zip(its, its[1:])), its
+
+
+def test_each_iteration_takes_its_virtual_time():
+    """A report is stamped when its iteration ends on the virtual clock: iterations of 1 s
+    end at 1, 2, 3, 4 and of 2.5 s at 2.5, 5, 7.5, 10, whatever else ends at the same
+    moment, and the run ends at 10 (``timestamp`` is whole seconds, as Ray's)."""
+    stamps: dict[float, list[tuple[float, float]]] = defaultdict(list)
+
+    class Stamps(Callback):
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            stamps[trial.config["d"]].append((result["timestamp"] - int(EPOCH),
+                                              result["time_total_s"]))
+
+    ex = SimulatedExecutor(
+        2, trial_model=lambda config, trial_id: [(config["d"], {"i": i}) for i in range(4)])
+    run_simulated("f", {"d": tune.grid_search([1.0, 2.5])}, TuneConfig(),
+                  RunConfig(callbacks=[Stamps()]), executor=ex)
+    assert dict(stamps) == {1.0: [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0)],
+                            2.5: [(2, 2.5), (5, 5.0), (7, 7.5), (10, 10.0)]}
+    assert ex.now == 10.0
+
+
+def test_a_lost_workers_trial_restarts_at_the_moment_of_the_loss():
+    """Worker 0 is lost at 2.5 s while another trial's iterations end at 3, 4, ...: the
+    lost trial restarts at 2.5 (from scratch), so its iterations end at 3.5, 4.5, 5.5,
+    6.5, not one event later (the repeated first two are not logged again)."""
+    stamps: dict[float, list[tuple[int, float]]] = defaultdict(list)
+
+    class Stamps(Callback):
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            stamps[trial.config["d"]].append((result["training_iteration"],
+                                              result["timestamp"] - int(EPOCH)))
+
+    ex = SimulatedExecutor(
+        3, trial_model=lambda config, trial_id: [(config["d"], {"i": i}) for i in range(4)])
+    ex.kill_workers(["sim://worker-0000"], at=2.5)
+    run_simulated("f", {"d": tune.grid_search([1.0, 1.5])}, TuneConfig(),
+                  RunConfig(callbacks=[Stamps()]), executor=ex)
+    # The 1 s trial ran on worker 0 (whole-second timestamps, as Ray's).
+    assert stamps[1.0] == [(1, 1), (2, 2), (3, 5), (4, 6)]
+    assert stamps[1.5] == [(1, 1), (2, 3), (3, 4), (4, 6)]
 
 
 # ----------------------------------------------------------------- load

@@ -1,6 +1,7 @@
 """What AWS and GCP share: start through dask-cloudprovider with a bounded wait, keep the
 VMs after the command exits, top a running cluster up with dask-cloudprovider's own worker
-VMs, and run head-node work through the scheduler process."""
+VMs, and run head-node work (:mod:`dasktune.cluster.head_jobs`) through the scheduler
+process."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dasktune.cluster._base import ClusterProvider, Progress, quiet
+from dasktune.cluster.head_jobs import read_job, run_shell, start_driver, stop_job
 
 if TYPE_CHECKING:
     from distributed.security import Security
@@ -214,7 +216,7 @@ class CloudProvider(ClusterProvider):
     # -- head-node work, through the scheduler process -------------------------------------
     def exec(self, command: str) -> int:
         with self.connect() as client:
-            code, out = client.run_on_scheduler(_run_shell, command)
+            code, out = client.run_on_scheduler(run_shell, command)
         print(out, end="")
         return code
 
@@ -230,7 +232,7 @@ class CloudProvider(ClusterProvider):
             raise ValueError("--stop with --detach is only supported on local clusters")
         argv = [*args, "--address", self.address]
         with self.connect() as client:
-            job, cmd = client.run_on_scheduler(_start_driver, os.path.basename(script),
+            job, cmd = client.run_on_scheduler(start_driver, os.path.basename(script),
                                                body, argv)
             if detach:
                 self.state.update(jobs=[*self.state.read().get("jobs", []), job])
@@ -241,7 +243,7 @@ class CloudProvider(ClusterProvider):
     def logs(self, job: str | None = None) -> tuple[str, bool]:
         job = self._job(job)
         with self.connect() as client:
-            chunk, running, _ = client.run_on_scheduler(_read_job, job, 0, 0.0, None)
+            chunk, running, _ = client.run_on_scheduler(read_job, job, 0, 0.0, None)
         return chunk.decode(errors="replace"), running
 
     def follow(self, job: str | None = None) -> int:
@@ -269,7 +271,7 @@ class CloudProvider(ClusterProvider):
         try:
             while True:
                 # A long poll: the head answers as soon as there is output, or after 1 s.
-                chunk, running, rc = client.run_on_scheduler(_read_job, job, offset, 1.0)
+                chunk, running, rc = client.run_on_scheduler(read_job, job, offset, 1.0)
                 offset += len(chunk)
                 print(decoder.decode(chunk, final=not running), end="", flush=True)
                 if not running:
@@ -277,7 +279,7 @@ class CloudProvider(ClusterProvider):
         except KeyboardInterrupt:
             if not stop_on_interrupt:
                 raise
-            stopped = client.run_on_scheduler(_stop_job, job)
+            stopped = client.run_on_scheduler(stop_job, job)
             print(f"\ninterrupted: {'stopped' if stopped else 'could not find'} the driver "
                   f"({job}) on the head", file=sys.stderr, flush=True)
             return 130
@@ -296,159 +298,3 @@ def _exit_status(rc: int | None, job: str) -> int:
         print(f"{job} ended without an exit status (killed?)", file=sys.stderr)
         return 1
     return 128 - rc if rc < 0 else rc
-
-
-def _jobs_dir() -> str:
-    path = os.path.expanduser("~/.dasktune/jobs")
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    return path
-
-
-async def _run_shell(command: str) -> tuple[int, str]:
-    """On the head: run a shell command, return (status, output).
-
-    A coroutine so that Dask awaits it on the scheduler's event loop instead of calling it
-    there: a blocking call would freeze the scheduler for as long as the command runs.
-    """
-    proc = await asyncio.create_subprocess_shell(
-        command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT)
-    out, _ = await proc.communicate()
-    return int(proc.returncode or 0), out.decode(errors="replace")
-
-
-# Runs the job and then records its exit status: the scheduler never waits on a job, so
-# its process stays an unreaped zombie that a PID check would take for alive.
-_RECORD_RC = ("import os, subprocess, sys\n"
-              "rc = subprocess.call(sys.argv[2:])\n"
-              "with open(sys.argv[1] + '.tmp', 'w') as f:\n"
-              "    f.write(str(rc))\n"
-              "os.replace(sys.argv[1] + '.tmp', sys.argv[1])\n")
-
-
-def _start_driver(name: str, body: bytes, argv: list[str]) -> tuple[str, str]:
-    """On the head: write the script and start it in its own session, its output going to
-    the job's log file; (job id, the command line)."""
-    import shlex
-    import subprocess
-    import uuid
-
-    job = f"job-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
-    folder = os.path.join(_jobs_dir(), job)
-    os.makedirs(folder, mode=0o700)
-    path = os.path.join(folder, name)
-    with open(path, "wb") as f:
-        f.write(body)
-    # Unbuffered, so that a follower sees each line as the driver prints it.
-    cmd = [sys.executable, "-u", path, *argv]
-    log = os.open(os.path.join(folder, "output.log"), os.O_WRONLY | os.O_CREAT, 0o600)
-    wrapped = [sys.executable, "-c", _RECORD_RC, os.path.join(folder, "rc"), *cmd]
-    proc = subprocess.Popen(wrapped, stdout=log, stderr=subprocess.STDOUT, cwd=folder,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
-    os.close(log)
-    with open(os.path.join(folder, "pid"), "w") as f:
-        # With its start time, so a reused PID is not taken for the job.
-        f.write(f"{proc.pid} {_create_time(proc.pid)}")
-    return job, shlex.join(cmd)
-
-
-_READ_LIMIT = 1 << 20  # bytes per answer: a chatty driver is read in several
-
-
-async def _read_job(job: str, offset: int = 0, wait: float = 0.0,
-                    limit: int | None = _READ_LIMIT) -> tuple[bytes, bool, int | None]:
-    """On the head: (the job's output after ``offset``, whether more may come, its exit
-    status once ended). Waits up to ``wait`` seconds for output or the end.
-
-    A coroutine, as :func:`_run_shell`, so waiting does not hold up the scheduler.
-    """
-    folder = os.path.join(_jobs_dir(), job)
-    log = os.path.join(folder, "output.log")
-    deadline = time.monotonic() + wait
-    while True:
-        # The end first, then the output: what a job printed precedes its end.
-        ended, rc = _ended(folder)
-        if ended or os.path.getsize(log) > offset or time.monotonic() >= deadline:
-            break
-        await asyncio.sleep(0.05)
-    with open(log, "rb") as f:
-        f.seek(offset)
-        chunk = f.read(limit if limit is not None else -1)
-    more = limit is not None and len(chunk) == limit
-    return chunk, not ended or more, rc if ended and not more else None
-
-
-def _ended(folder: str) -> tuple[bool, int | None]:
-    """(whether the job in ``folder`` ended, its exit status when it recorded one)."""
-    try:
-        with open(os.path.join(folder, "rc")) as f:
-            return True, int(f.read())
-    except FileNotFoundError:
-        pass
-    # No rc file yet: the wrapper is running, or was killed; a zombie has ended.
-    return _wrapper(folder) is None, None
-
-
-def _wrapper(folder: str) -> Any:
-    """The job's live wrapper process (``psutil.Process``), or None."""
-    import psutil
-
-    with open(os.path.join(folder, "pid")) as f:
-        pid_s, _, created = f.read().partition(" ")
-    try:
-        proc = psutil.Process(int(pid_s))
-        if proc.status() != psutil.STATUS_ZOMBIE and (
-                not created or abs(proc.create_time() - float(created)) < 1.0):
-            return proc
-    except psutil.NoSuchProcess:
-        pass
-    return None
-
-
-async def _stop_job(job: str, grace: float = 5.0) -> bool:
-    """On the head: SIGTERM the job's process group (wrapper and driver), SIGKILL it after
-    ``grace`` seconds; whether it was running."""
-    import signal
-
-    folder = os.path.join(_jobs_dir(), job)
-    proc = _wrapper(folder)
-    if proc is None:
-        return False
-    pgid = proc.pid  # start_new_session made the wrapper its group's leader
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            break
-        deadline = time.monotonic() + wait
-        while _group_alive(pgid) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        if not _group_alive(pgid):
-            break
-    return True
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether a process of group ``pgid`` still runs; reaps the wrapper (our child)."""
-    import psutil
-
-    try:
-        os.waitpid(pgid, os.WNOHANG)
-    except ChildProcessError:
-        pass
-    for proc in psutil.process_iter(["status"]):
-        try:
-            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
-                return True
-        except (ProcessLookupError, psutil.Error):
-            continue
-    return False
-
-
-def _create_time(pid: int) -> float:
-    import psutil
-
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.NoSuchProcess:
-        return time.time()

@@ -31,6 +31,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 
+from dasktune import _dask_config
 from dasktune.cluster.retire import retire_gracefully
 
 logger = logging.getLogger(__name__)
@@ -168,8 +169,6 @@ class WalltimePlugin(WorkerPlugin):
 
     def __init__(self, margin: float | None = None, poll_interval: float | None = None,
                  ) -> None:
-        from dasktune import _dask_config
-
         self.margin = (_dask_config.get_seconds("cluster.walltime.margin")
                        if margin is None else float(margin))
         self.poll_interval = (_dask_config.get_seconds("cluster.walltime.poll-interval")

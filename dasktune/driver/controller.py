@@ -29,6 +29,7 @@ from dasktune.driver.queue_ahead import QueueLines
 from dasktune.driver.state_saves import StateSaves
 from dasktune.driver.trial_events import TrialEvents
 from dasktune.driver.trial_index import TrialIndex
+from dasktune.error_log import ErrorFileLogger
 from dasktune.execution import EventKind
 from dasktune.resources import worker_capacity
 from dasktune.schedulers import FIFOScheduler, Reconfigure, TrialScheduler
@@ -127,7 +128,9 @@ class TuneController(TrialEvents):
         self.search_alg = search_alg
         self.scheduler = scheduler
         self.executor = executor
-        self.callbacks = CallbackList(callbacks)
+        # First, as Ray writes error.txt before any callback hears of the failure.
+        self._error_log = ErrorFileLogger()
+        self.callbacks = CallbackList([self._error_log, *callbacks])
         self.stopper = plan.stopper
         self.metric, self.mode = tc.metric, tc.mode
         self.index = TrialIndex(list(trials or []))
@@ -138,7 +141,7 @@ class TuneController(TrialEvents):
         self.saves = StateSaves(None if save_state is None else self._write_state)
         self.book = CheckpointBook(plan.storage, plan.checkpoint_config, self.trials,
                                    self.callbacks, lambda: self._iteration)
-        self.failures = FailurePolicy(plan.failure_config, plan.storage)
+        self.failures = FailurePolicy(plan.failure_config)
         self._reporter = reporter
         self._ctx = _Context(self)
         self._winding: dict[str, Winding] = {}
@@ -234,7 +237,6 @@ class TuneController(TrialEvents):
         self._check_budget()
         self.callbacks.on_step_end(iteration=self._iteration, trials=self.trials)
         now = time.monotonic()
-        self.failures.flush_due(now)
         self.saves.maybe_save(now)
         if self._reporter is not None:
             self._reporter.maybe_report(self.trials, self.status_line(),
@@ -254,7 +256,7 @@ class TuneController(TrialEvents):
         close = getattr(self.search_alg, "close", None)
         if close is not None:
             close()
-        self.failures.flush()
+        self._error_log.write_pending()  # before the state is saved: its error_file
         for trial in self.trials:
             if trial.status == RUNNING:  # interrupted: resumable on restore
                 self._set_status(trial, PENDING)

@@ -1,49 +1,36 @@
-"""The failure policy: which failures a trial survives, and its ``error.txt``.
+"""The failure policy: which failures a trial survives.
 
 A user error (the trial's code raised, or its actor could not start) counts against
 ``FailureConfig.max_failures``; a lost worker against ``max_worker_losses`` (a graceful
-move off a retiring worker costs nothing). Each failure is appended to the trial's
-``error.txt``; a storage outage keeps the text for a later try (every few seconds, and
-at the end), never drops it.
+move off a retiring worker costs nothing). The policy decides and writes nothing: each
+failure reaches the trial's ``error.txt`` through the callbacks
+(:class:`~dasktune.error_log.ErrorFileLogger`), as every other trial file does.
 """
 
 from __future__ import annotations
 
-import logging
-import time
 from typing import TYPE_CHECKING
-
-from dasktune.logger import EXPR_ERROR_FILE
 
 if TYPE_CHECKING:
     from dasktune.config import FailureConfig
-    from dasktune.storage import ExperimentStorage
     from dasktune.trial import Trial
 
 __all__ = ["FailurePolicy"]
 
-logger = logging.getLogger(__name__)
-
-_ERROR_RETRY_S = 5.0  # error.txt writes that failed are retried this often
-
 
 class FailurePolicy:
-    """Counts a trial's failures against ``config`` and writes its ``error.txt``."""
+    """Counts a trial's failures against ``config``."""
 
-    def __init__(self, config: FailureConfig, storage: ExperimentStorage):
+    def __init__(self, config: FailureConfig):
         self.config = config
-        self.storage = storage
-        self._unwritten: list[tuple[Trial, str]] = []
-        self._tried = float("-inf")  # a retry is due at once, however young the clock
 
     @property
     def fail_fast(self) -> bool | str:
         return self.config.fail_fast
 
-    def retries_user_error(self, trial: Trial, error: str) -> bool:
-        """Count a failure of ``trial``'s code (and log it); whether to run it again."""
+    def retries_user_error(self, trial: Trial) -> bool:
+        """Count a failure of ``trial``'s code; whether to run it again."""
         trial.num_failures += 1
-        self.write_error(trial, error)
         limit = self.config.max_failures
         return not trial.is_finished and (limit == -1 or trial.num_failures <= limit) \
             and not self.config.fail_fast
@@ -58,33 +45,3 @@ class FailurePolicy:
             return (f"trial {trial.trial_id} lost its worker {trial.num_restarts} times "
                     f"(FailureConfig.max_worker_losses={limit}); last: {why}")
         return None
-
-    # ------------------------------------------------------------- error.txt
-    def write_error(self, trial: Trial, error: str) -> None:
-        if not trial.path:
-            return
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        self._unwritten.append(
-            (trial, f"Failure # {trial.num_failures} (occurred at {stamp})\n{error}\n"))
-        self.flush()
-
-    def flush_due(self, now: float) -> None:
-        """Retry the writes a storage outage held back, if it is time."""
-        if self._unwritten and now - self._tried >= _ERROR_RETRY_S:
-            self.flush()
-
-    def flush(self) -> None:
-        """Append the failures not yet in their ``error.txt``."""
-        self._tried = time.monotonic()
-        while self._unwritten:
-            trial, block = self._unwritten[0]
-            path = f"{trial.path}/{EXPR_ERROR_FILE}"
-            try:
-                old = self.storage.read_bytes(path).decode() if self.storage.exists(path) \
-                    else ""
-                self.storage.write_bytes(path, (old + block).encode())
-            except Exception as exc:  # noqa: BLE001 - never let error reporting hide the error
-                logger.warning("could not write %s (%s); retrying later", path, exc)
-                return
-            trial.error_file = path
-            self._unwritten.pop(0)

@@ -303,7 +303,7 @@ class TrialEvents:
         self.saves.dirty = True
 
     def _on_user_error(self: TuneController, trial: Trial, error: str) -> None:
-        if self.failures.retries_user_error(trial, error):
+        if self.failures.retries_user_error(trial):
             trial.error_msg = error
             self._set_status(trial, PENDING)
             self.callbacks.on_trial_recover(iteration=self._iteration, trials=self.trials,
@@ -373,7 +373,6 @@ class TrialEvents:
 
     def _stop_with_error(self: TuneController, trial: Trial, message: str) -> None:
         """End a trial for a mistake no retry can fix (e.g. a missing metric)."""
-        self.failures.write_error(trial, message)
         self._error(trial, message)
         self._wind_down(trial, Winding.STOPPING)
 

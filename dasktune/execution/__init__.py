@@ -8,7 +8,8 @@ implementations are imported by whoever builds an experiment:
 - :mod:`.recovery` -- the scheduler and worker plugins that report lost and retiring
   workers and fence attempts no driver collects;
 - :mod:`.simulated` -- :class:`SimulatedExecutor`, trials as timed events on a virtual
-  clock.
+  clock, with its workers in :mod:`.sim_pool` and each attempt's reports in
+  :mod:`.sim_attempt`.
 """
 
 from dasktune.execution.protocol import (

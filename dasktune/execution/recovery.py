@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any
 from distributed.core import Status
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 
+from dasktune import _dask_config
 from dasktune.cluster.walltime import PLUGIN_NAME as WALLTIME_PLUGIN_NAME
 from dasktune.cluster.walltime import TARGET_PLUGIN_NAME, WalltimePlugin, WalltimeTargetPlugin
 
@@ -132,8 +133,6 @@ class EvacuatePlugin(WorkerPlugin):
 
     async def teardown(self, worker: Worker) -> None:
         import asyncio
-
-        from dasktune import _dask_config
 
         if not _busy(worker):
             return

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dasktune._names import resolve_short_name
 from dasktune.schedulers._async_hyperband import ASHAScheduler, AsyncHyperBandScheduler
 from dasktune.schedulers._base import (
     Decision,
@@ -67,8 +68,6 @@ _UNAVAILABLE: tuple[str, ...] = ()
 def create_scheduler(scheduler: str, **kwargs: Any) -> TrialScheduler:
     """Build a scheduler from its Ray short name, e.g. ``create_scheduler("async_hyperband",
     metric="loss", mode="min")``."""
-    from dasktune._names import resolve_short_name
-
     key = resolve_short_name("create_scheduler", "scheduler", scheduler, SCHEDULER_IMPORT,
                              _UNAVAILABLE)
     return SCHEDULER_IMPORT[key](**kwargs)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from dasktune.config import PlacementGroupFactory
+from dasktune.metric_mode import check_mode
 from dasktune.resources import normalize_request
 from dasktune.schedulers._base import Reconfigure, TrialScheduler
 from dasktune.schedulers._fifo import FIFOScheduler
@@ -175,9 +176,7 @@ class DistributeResourcesToTopJob(DistributeResources):
                  reserve_resources: Mapping[str, float] | None = None,
                  metric: str | None = None, mode: str | None = None):
         super().__init__(add_bundles, increase_by, increase_by_times, reserve_resources)
-        if mode not in (None, "min", "max"):
-            raise ValueError(f"DistributeResourcesToTopJob: mode must be 'min' or 'max', got "
-                             f"{mode!r}")
+        check_mode(mode, "DistributeResourcesToTopJob")
         self.metric = metric
         self.mode = mode
 

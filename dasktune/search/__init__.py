@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from dasktune._names import resolve_short_name
 from dasktune.search._base import SearchAlgorithm, Searcher, Suggestion
 from dasktune.search.basic_variant import BasicVariantGenerator
 from dasktune.search.concurrency_limiter import ConcurrencyLimiter
@@ -53,8 +54,6 @@ def create_searcher(search_alg: str, **kwargs: Any) -> SearchAlgorithm | Searche
     ``"hebo"`` and ``"zoopt"`` the searcher of :mod:`dasktune.search.<name>`; ``kwargs`` go to
     the constructor, e.g. ``create_searcher("optuna", metric="loss", mode="min")``.
     """
-    from dasktune._names import resolve_short_name
-
     key = resolve_short_name("create_searcher", "search algorithm", search_alg, _SEARCHERS, ())
     if key in _LIBRARY_SEARCHERS:
         module, name = _LIBRARY_SEARCHERS[key]

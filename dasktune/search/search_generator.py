@@ -51,7 +51,12 @@ class SearchGenerator(SearchAlgorithm):
         num_samples: trials to make; -1 for unbounded; None to take the ``num_samples``
             keyword of :meth:`set_search_properties` (default 1).
         experiment_uid: the 8-hex trial-id prefix (default: random).
+
+    Set :attr:`asks_inline` to ask the searcher on the caller's thread every time (a
+    step-by-step check, a latency benchmark), never on a thread of its own after a slow ask.
     """
+
+    asks_inline: bool = False
 
     def __init__(
         self,
@@ -68,7 +73,6 @@ class SearchGenerator(SearchAlgorithm):
         self.searcher = searcher
         self._thread: _SearcherThread | None = None  # set once a suggest was slow
         self._ask: _Ask | None = None  # the suggestion being computed on it
-        self._async_off = False  # set by search.testing: always ask on the caller's thread
         self._explicit_samples = num_samples is not None
         self._num_samples = check_num_samples(num_samples, "SearchGenerator") if (
             num_samples is not None
@@ -133,7 +137,7 @@ class SearchGenerator(SearchAlgorithm):
         trial_id = self._trial_id()
         start = time.perf_counter()
         suggested = self.searcher.suggest(trial_id)
-        slow = None if self._async_off else _async_after()
+        slow = None if self.asks_inline else _async_after()
         if slow is not None and time.perf_counter() - start > slow:
             logger.debug("%s.suggest took %.0f ms: asking on a thread from now on",
                          type(self.searcher).__name__, 1e3 * (time.perf_counter() - start))

@@ -81,7 +81,7 @@ def check_searcher(
         gen.set_search_properties(metric, mode, param_space)
         # The check drives the searcher step by step: every ask answered on this thread
         # (a slow sampler would otherwise be asked on a thread of its own).
-        gen._async_off = True
+        gen.asks_inline = True
         return gen
 
     made: list[Suggestion] = []
