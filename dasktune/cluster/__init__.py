@@ -7,17 +7,38 @@ systems (Slurm, PBS, SGE, LSF) dask-jobqueue (``pip install "dasktune[hpc]"``).
 
 from __future__ import annotations
 
-from dasktune.cluster._base import ClusterProvider
-from dasktune.cluster.config import (
-    BATCH_SYSTEMS,
-    ClusterConfig,
-    ClusterConfigError,
-    load_cluster_config,
-    parse_cluster_config,
-)
-from dasktune.cluster.local import LocalProvider
-from dasktune.cluster.spot import SpotInterruptionPlugin
-from dasktune.cluster.state import ClusterState, clusters_dir
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dasktune.cluster._base import ClusterProvider
+    from dasktune.cluster.config import ClusterConfig
+
+# Names load on first use (PEP 562): the workers' plugins import cluster.walltime and
+# cluster.retire, and a trial's first fit() must not pay for pydantic, yaml and the
+# providers (about 0.5 s) that only the cluster CLI needs.
+_LAZY = {
+    "ClusterProvider": "dasktune.cluster._base",
+    "BATCH_SYSTEMS": "dasktune.cluster.config",
+    "ClusterConfig": "dasktune.cluster.config",
+    "ClusterConfigError": "dasktune.cluster.config",
+    "load_cluster_config": "dasktune.cluster.config",
+    "parse_cluster_config": "dasktune.cluster.config",
+    "LocalProvider": "dasktune.cluster.local",
+    "SpotInterruptionPlugin": "dasktune.cluster.spot",
+    "ClusterState": "dasktune.cluster.state",
+    "clusters_dir": "dasktune.cluster.state",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dasktune.cluster' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ClusterConfig",
@@ -35,7 +56,11 @@ __all__ = [
 
 def get_provider(config: ClusterConfig, name: str | None = None) -> ClusterProvider:
     """The provider object for ``config`` (``name`` overrides ``cluster_name``)."""
+    from dasktune.cluster.config import BATCH_SYSTEMS
+
     if config.provider.type == "local":
+        from dasktune.cluster.local import LocalProvider
+
         return LocalProvider(config, name)
     if config.provider.type in BATCH_SYSTEMS:
         from dasktune.cluster.batch import BatchProvider
