@@ -1,0 +1,296 @@
+"""Restore's reading of storage: what each saved trial does next, and what storage holds
+of it that the saved state does not.
+
+The saved state lags a killed driver's result files and checkpoints by a few seconds,
+and those files may disagree among themselves (a row flushed to one and not to another,
+a torn last line, the rows of a trial the state never saw). One rule makes them agree:
+
+- **A trial's record is its ``result.json``**: its complete rows, each
+  ``training_iteration`` once and increasing (:func:`logged_rows`). On restore, every
+  logger file of a trial that goes on is rewritten to exactly these rows
+  (``Callback.on_trial_restore_results``), so ``progress.csv``, TensorBoard and
+  ``Result.metrics_dataframe`` hold what ``result.json`` holds. The attempt that goes
+  on then logs only iterations past the record (the driver's live rule).
+- **Rows storage holds that no driver logged** -- the result a committed checkpoint
+  was reported with, the final result of the trial-end marker -- when they come next,
+  are logged through the callbacks (``on_trial_result``), like live results.
+- **The resume point** is the newest committed checkpoint of the trial's lineage at
+  most one iteration past the record. Every other checkpoint folder the state does not
+  list (an older attempt's, an uncommitted one, an orphan ahead of the record) is
+  superseded: the checkpoint book deletes it, then ``num_to_keep`` holds again.
+- **A trial folder no saved trial owns** (a trial the killed driver made after its last
+  save; the restored searcher suggests it again) is deleted: that trial starts afresh.
+
+:func:`restore_trials` reads and decides (it changes only the :class:`Trial` objects);
+:meth:`Restoration.carry_out` is the restored driver's first act, through the
+callbacks and the checkpoint book.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from dasktune.logger import EXPR_PARAM_FILE, EXPR_RESULT_FILE
+from dasktune.results import read_result_json
+from dasktune.trial import ERROR, PAUSED, PENDING, RUNNING, TERMINATED, Trial
+
+if TYPE_CHECKING:
+    from dasktune.callback import Callback
+    from dasktune.driver.checkpoint_book import CheckpointBook
+    from dasktune.schedulers import TrialScheduler
+    from dasktune.search import SearchAlgorithm
+    from dasktune.storage import ExperimentStorage
+
+__all__ = ["Recovery", "Restoration", "logged_rows", "restore_trials"]
+
+
+def _iteration(row: dict[str, Any]) -> int:
+    try:
+        return int(row.get("training_iteration", 0))
+    except (TypeError, ValueError):
+        return 0
+
+
+def logged_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The record in ``rows`` (a trial's ``result.json``, in file order): each row whose
+    ``training_iteration`` is past every earlier one's; a row that repeats an iteration
+    or goes back (a restarted attempt's, written by an older version) is not part of it."""
+    out: list[dict[str, Any]] = []
+    last = 0
+    for row in rows:
+        it = _iteration(row)
+        if it > last:
+            out.append(row)
+            last = it
+    return out
+
+
+@dataclass
+class Recovery:
+    """What restore found in storage for one trial that goes on (or ended unheard)."""
+
+    trial: Trial
+    #: The trial's logged results: its logger files are rewritten to them (None: the
+    #: trial has no folder yet, nothing to rewrite).
+    results: list[dict[str, Any]] | None = None
+    #: Results storage holds that no driver logged: logged through the callbacks.
+    unlogged: list[dict[str, Any]] = field(default_factory=list)
+    #: Checkpoint folders no resume will use: deleted by the checkpoint book.
+    superseded: list[str] = field(default_factory=list)
+    #: The trainable returned (trial-end marker) and no saved state says so: TERMINATED,
+    #: and the restored searcher and scheduler, which count it as running, are told.
+    ended: bool = False
+
+
+@dataclass
+class Restoration:
+    """Everything restore found, for the restored driver to carry out first."""
+
+    storage: ExperimentStorage
+    recoveries: list[Recovery] = field(default_factory=list)
+    #: Trial folders no saved trial owns.
+    stale_folders: list[str] = field(default_factory=list)
+
+    @property
+    def ended_unheard(self) -> list[str]:
+        """Ids of the trials whose end only storage knew."""
+        return [r.trial.trial_id for r in self.recoveries if r.ended]
+
+    def carry_out(self, *, trials: list[Trial], callbacks: Callback, book: CheckpointBook,
+                  scheduler: TrialScheduler, search_alg: SearchAlgorithm, context: Any,
+                  save: Callable[[], None]) -> None:
+        """Make storage agree with the restored trials (after ``callbacks.setup``):
+        rewrite their logger files to the record, log the rows no driver logged, save
+        the state (so it points at the resume points), then delete superseded
+        checkpoints and apply retention, and tell the deciders of unheard ends."""
+        for folder in self.stale_folders:
+            self.storage.delete(folder)
+        for rec in self.recoveries:
+            if rec.results is not None:
+                callbacks.on_trial_restore_results(iteration=0, trials=trials, trial=rec.trial,
+                                                   results=rec.results)
+            for row in rec.unlogged:
+                callbacks.on_trial_result(iteration=0, trials=trials, trial=rec.trial,
+                                          result=row)
+        if self.recoveries:
+            # Before retention deletes anything: the saved state never points at a
+            # checkpoint retention removed.
+            save()
+        for rec in self.recoveries:
+            book.drop_superseded(rec.trial, rec.superseded)
+        for rec in self.recoveries:
+            if not rec.ended:
+                continue
+            trial = rec.trial
+            final = dict(trial.last_result)
+            scheduler.on_trial_complete(context, trial, final)
+            search_alg.on_trial_complete(trial.trial_id, result=final)
+            callbacks.on_trial_complete(iteration=0, trials=trials, trial=trial)
+
+
+def restore_trials(trials: list[Trial], storage: ExperimentStorage, *,
+                   resume_unfinished: bool = True, resume_errored: bool = False,
+                   restart_errored: bool = False) -> Restoration:
+    """Decide what each of ``trials`` (as saved) does next, by Ray's restore rules, and
+    bring it up to what storage holds; the returned :class:`Restoration` says what the
+    restored driver must do to storage and the callbacks."""
+    out = Restoration(storage)
+    for trial in trials:
+        rec = _decide(trial, storage, resume_unfinished, resume_errored, restart_errored)
+        if rec is not None:
+            out.recoveries.append(rec)
+    out.stale_folders = _stale_folders(trials, storage)
+    return out
+
+
+def _stale_folders(trials: list[Trial], storage: ExperimentStorage) -> list[str]:
+    """Trial folders (they hold a trial's ``params.json`` or ``result.json``) that no
+    saved trial owns."""
+    owned = {posixpath.basename(t.path.rstrip("/")) for t in trials if t.path}
+    stale = []
+    for name in storage.list_names(storage.experiment_path, folders_only=True):
+        if name in owned:
+            continue
+        folder = storage.path(name)
+        names = set(storage.list_names(folder))
+        if EXPR_PARAM_FILE in names or EXPR_RESULT_FILE in names:
+            stale.append(folder)
+    return stale
+
+
+def _decide(trial: Trial, storage: ExperimentStorage, resume_unfinished: bool,
+            resume_errored: bool, restart_errored: bool) -> Recovery | None:
+    """Set what ``trial`` does next; its :class:`Recovery` when it goes on (or ended
+    unheard), else None (it stays as saved)."""
+    trial.attempt = max(trial.attempt, len(trial.placements))
+    if trial.status == TERMINATED:
+        return None
+    if trial.status == ERROR:
+        # Both flags set: resume wins, as in Ray's Tuner.restore.
+        if not (resume_errored or restart_errored):
+            return None
+        rec = _catch_up(trial, storage) if resume_errored else _start_over(trial, storage)
+        trial.status = PENDING
+        trial.num_failures = 0
+        trial.error_msg = None
+        return rec
+    if trial.status not in (PENDING, RUNNING, PAUSED):
+        return None
+    if not resume_unfinished:
+        trial.status = TERMINATED
+        return None
+    rec = _catch_up(trial, storage)
+    if _ended_in_storage(trial, storage, rec):
+        trial.status = TERMINATED  # its trainable returned: never run it again
+        rec.ended = True
+    else:
+        trial.status = PAUSED if trial.status == PAUSED else PENDING
+    return rec
+
+
+def _catch_up(trial: Trial, storage: ExperimentStorage) -> Recovery:
+    """Bring ``trial`` up to its record and its newest usable checkpoint."""
+    rec = Recovery(trial)
+    if not trial.path or not storage.list_names(trial.path):
+        return rec  # never started: storage holds nothing of it
+    rows = logged_rows(read_result_json(storage.fs, trial.path))
+    rec.results = rows
+    logged = _iteration(rows[-1]) if rows else 0
+    if logged > trial.logged_iteration:
+        for row in rows:
+            if _iteration(row) > trial.logged_iteration:
+                trial.update_last_result(row)
+    elif logged < trial.logged_iteration:
+        # Rows the state counted never reached the file (it was still being opened at
+        # the kill): the attempt that goes on runs and logs them again.
+        trial.last_result = dict(rows[-1]) if rows else {}
+    trial.logged_iteration = logged
+    _resume_point(trial, storage, rec)
+    return rec
+
+
+def _resume_point(trial: Trial, storage: ExperimentStorage, rec: Recovery) -> None:
+    """Adopt the committed checkpoints of the trial's lineage that the state does not
+    list, up to one iteration past the record (that one's result is then unlogged);
+    every other unlisted checkpoint folder is superseded."""
+    assert trial.path
+    bound = trial.logged_iteration
+    # The state's own checkpoints, newest first, while gone or past the record (deleted
+    # after the state was saved, torn, or ahead of rows that never reached the file).
+    while trial.checkpoints and (trial.checkpoints[-1].get("iteration", 0) > bound + 1 or
+                                 not storage.is_committed(trial.checkpoints[-1]["path"])):
+        rec.superseded.append(trial.checkpoints.pop()["path"])
+    newest = trial.checkpoints[-1] if trial.checkpoints else None
+    trial.checkpoint = newest["path"] if newest else None
+    trial.checkpoint_iteration = int(newest.get("iteration", 0)) if newest else 0
+    known = {c["path"] for c in trial.checkpoints} | set(rec.superseded)
+    # A zombie of an attempt the trial moved on from must not become the resume point.
+    floor = int((storage.read_manifest(trial.checkpoint) or {}).get("attempt", 0)) \
+        if trial.checkpoint else 0
+    for path in storage.list_checkpoints(trial.path):
+        if path in known:
+            continue
+        manifest = storage.read_manifest(path)
+        it = _iteration(manifest or {})
+        attempt = int((manifest or {}).get("attempt", 0))
+        result = (manifest or {}).get("result")
+        usable = manifest is not None and attempt >= floor and \
+            it >= trial.checkpoint_iteration and \
+            (it <= trial.logged_iteration or
+             (it == bound + 1 and not rec.unlogged and isinstance(result, dict)))
+        if not usable or not storage.is_committed(path):
+            rec.superseded.append(path)
+            continue
+        if it > trial.logged_iteration:
+            # Committed with its result, never logged (the driver died first).
+            row = dict(result, checkpoint_dir_name=posixpath.basename(path),
+                       config=trial.config)
+            rec.unlogged.append(row)
+            trial.update_last_result(row)
+            trial.logged_iteration = it
+        metrics = {k: v for k, v in (result if isinstance(result, dict) else {}).items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        trial.checkpoints.append({"path": path, "iteration": it,
+                                  "time_total_s": (manifest or {}).get("time_total_s", 0.0),
+                                  "metrics": metrics})
+        trial.checkpoint = path
+        trial.checkpoint_iteration = it
+        floor = max(floor, attempt)
+
+
+def _start_over(trial: Trial, storage: ExperimentStorage) -> Recovery:
+    """``restart_errored``: the trial starts from scratch; its files start empty and
+    every checkpoint of its earlier attempts is superseded."""
+    rec = Recovery(trial)
+    if trial.path and storage.list_names(trial.path):
+        rec.results = []
+        rec.superseded = storage.list_checkpoints(trial.path)
+    trial.checkpoints = []
+    trial.checkpoint = None
+    trial.checkpoint_iteration = 0
+    trial.logged_iteration = 0
+    trial.last_result = {}
+    trial.metric_analysis = {}
+    trial.metric_n_steps = {}
+    return rec
+
+
+def _ended_in_storage(trial: Trial, storage: ExperimentStorage, rec: Recovery) -> bool:
+    """Whether the worker recorded that the trial's trainable returned (its end marker,
+    written before the driver heard of it); its final result, if no driver logged it,
+    is then unlogged."""
+    end = storage.read_trial_end(trial.path) if trial.path else None
+    if end is None or int(end.get("attempt", 0)) < trial.attempt:
+        return False  # none, or an older attempt's (the trial went on after it)
+    result = end["result"]
+    if result and _iteration(result) > trial.logged_iteration:
+        row = dict(result, config=trial.config)
+        rec.unlogged.append(row)
+        trial.update_last_result(row)
+        trial.logged_iteration = _iteration(result)
+    if trial.last_result:
+        trial.last_result = dict(trial.last_result, done=True)
+    return True
