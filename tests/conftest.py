@@ -90,6 +90,9 @@ def logged_iterations(trial_dir: str, tag: str) -> dict[str, list[int]]:
 
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
+    from dasktune.layout import checkpoint_index
+    from dasktune.storage import MANIFEST
+
     out: dict[str, list[int]] = {}
     with open(os.path.join(trial_dir, "result.json")) as f:
         out["result.json"] = [json.loads(line)["training_iteration"] for line in f]
@@ -104,8 +107,8 @@ def logged_iterations(trial_dir: str, tag: str) -> dict[str, list[int]]:
     out["tensorboard"] = steps
     ckpts = []
     for name in sorted(os.listdir(trial_dir)):
-        manifest = os.path.join(trial_dir, name, ".dasktune_checkpoint.json")
-        if name.startswith("checkpoint_") and os.path.exists(manifest):
+        manifest = os.path.join(trial_dir, name, MANIFEST)
+        if checkpoint_index(name) is not None and os.path.exists(manifest):
             with open(manifest) as f:
                 ckpts.append(int(json.load(f)["training_iteration"]))
     out["checkpoints"] = ckpts

@@ -23,6 +23,8 @@ import pytest
 from conftest import driver_lives, logged_iterations
 
 import dasktune as tune
+from dasktune.layout import checkpoint_dir_name
+from dasktune.storage import MANIFEST, TRIAL_END_FILE
 
 DRIVER = r'''
 import json, os, sys, tempfile, time
@@ -200,8 +202,8 @@ def test_restore_makes_a_killed_drivers_leftovers_agree(local_client, tmp_path):
         json.dump(state, f)
     _keep_lines(os.path.join(d, "result.json"), 3, tail='{"i": 4, "training_it')
     _keep_lines(os.path.join(d, "progress.csv"), 3)  # header + 2 rows
-    os.remove(os.path.join(d, ".dasktune_trial_end.json"))
-    os.remove(os.path.join(d, "checkpoint_000002", ".dasktune_checkpoint.json"))
+    os.remove(os.path.join(d, TRIAL_END_FILE))
+    os.remove(os.path.join(d, checkpoint_dir_name(2), MANIFEST))
     stale = os.path.join(exp, "counting_unknown_00001")
     os.makedirs(os.path.join(stale, "checkpoint_000000"))
     with open(os.path.join(stale, "params.json"), "w") as f:

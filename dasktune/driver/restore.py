@@ -5,12 +5,16 @@ The saved state lags a killed driver's result files and checkpoints by a few sec
 and those files may disagree among themselves (a row flushed to one and not to another,
 a torn last line, the rows of a trial the state never saw). One rule makes them agree:
 
-- **A trial's record is its ``result.json``**: its complete rows, each
-  ``training_iteration`` once and increasing (:func:`logged_rows`). On restore, every
-  logger file of a trial that goes on is rewritten to exactly these rows
-  (``Callback.on_trial_restore_results``), so ``progress.csv``, TensorBoard and
-  ``Result.metrics_dataframe`` hold what ``result.json`` holds. The attempt that goes
-  on then logs only iterations past the record (the driver's live rule).
+- **A trial's record is its ``result.json``**: its complete rows, in order (a torn last
+  line is not one; the JSON logger is the first to be handed a result, and its file is
+  the one restore reads). Its last row's ``training_iteration`` is the trial's logged
+  count. On restore, every logger file of a trial that goes on is rewritten to exactly
+  these rows (``Callback.on_trial_restore_results``), so ``progress.csv``, TensorBoard
+  and ``Result.metrics_dataframe`` hold what ``result.json`` holds. The attempt that
+  goes on then logs only iterations past that count (the driver's live rule), and a
+  trial that starts over (``restart_errored``, or a trial the state never saw) starts
+  from empty files: no iteration is logged twice. (Rows are not deduplicated by
+  iteration: after a PBT exploit the count legitimately goes on from the donor's.)
 - **Rows storage holds that no driver logged** -- the result a committed checkpoint
   was reported with, the final result of the trial-end marker -- when they come next,
   are logged through the callbacks (``on_trial_result``), like live results.
@@ -44,7 +48,7 @@ if TYPE_CHECKING:
     from dasktune.search import SearchAlgorithm
     from dasktune.storage import ExperimentStorage
 
-__all__ = ["Recovery", "Restoration", "logged_rows", "restore_trials"]
+__all__ = ["Recovery", "Restoration", "restore_trials"]
 
 
 def _iteration(row: dict[str, Any]) -> int:
@@ -52,20 +56,6 @@ def _iteration(row: dict[str, Any]) -> int:
         return int(row.get("training_iteration", 0))
     except (TypeError, ValueError):
         return 0
-
-
-def logged_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The record in ``rows`` (a trial's ``result.json``, in file order): each row whose
-    ``training_iteration`` is past every earlier one's; a row that repeats an iteration
-    or goes back (a restarted attempt's, written by an older version) is not part of it."""
-    out: list[dict[str, Any]] = []
-    last = 0
-    for row in rows:
-        it = _iteration(row)
-        if it > last:
-            out.append(row)
-            last = it
-    return out
 
 
 @dataclass
@@ -196,13 +186,17 @@ def _catch_up(trial: Trial, storage: ExperimentStorage) -> Recovery:
     rec = Recovery(trial)
     if not trial.path or not storage.list_names(trial.path):
         return rec  # never started: storage holds nothing of it
-    rows = logged_rows(read_result_json(storage.fs, trial.path))
+    rows = read_result_json(storage.fs, trial.path)  # complete rows, in order
     rec.results = rows
     logged = _iteration(rows[-1]) if rows else 0
     if logged > trial.logged_iteration:
-        for row in rows:
-            if _iteration(row) > trial.logged_iteration:
-                trial.update_last_result(row)
+        tail = []  # the rows logged after the state was saved
+        for row in reversed(rows):
+            if _iteration(row) <= trial.logged_iteration:
+                break
+            tail.append(row)
+        for row in reversed(tail):
+            trial.update_last_result(row)
     elif logged < trial.logged_iteration:
         # Rows the state counted never reached the file (it was still being opened at
         # the kill): the attempt that goes on runs and logs them again.
@@ -218,31 +212,31 @@ def _resume_point(trial: Trial, storage: ExperimentStorage, rec: Recovery) -> No
     every other unlisted checkpoint folder is superseded."""
     assert trial.path
     bound = trial.logged_iteration
-    # The state's own checkpoints, newest first, while gone or past the record (deleted
-    # after the state was saved, torn, or ahead of rows that never reached the file).
-    while trial.checkpoints and (trial.checkpoints[-1].get("iteration", 0) > bound + 1 or
-                                 not storage.is_committed(trial.checkpoints[-1]["path"])):
+    # The state's newest checkpoints while they are gone or torn (retention deleted
+    # them after the state was saved, or a commit was cut short).
+    while trial.checkpoints and not storage.is_committed(trial.checkpoints[-1]["path"]):
         rec.superseded.append(trial.checkpoints.pop()["path"])
     newest = trial.checkpoints[-1] if trial.checkpoints else None
     trial.checkpoint = newest["path"] if newest else None
     trial.checkpoint_iteration = int(newest.get("iteration", 0)) if newest else 0
     known = {c["path"] for c in trial.checkpoints} | set(rec.superseded)
-    # A zombie of an attempt the trial moved on from must not become the resume point.
-    floor = int((storage.read_manifest(trial.checkpoint) or {}).get("attempt", 0)) \
-        if trial.checkpoint else 0
-    for path in storage.list_checkpoints(trial.path):
+    # Checkpoints of an attempt older than the state's newest one are a zombie's (the
+    # trial had moved on); a newer attempt's are the lineage, whatever their iteration
+    # (after a PBT exploit the count goes on from the donor's).
+    floor = saved_floor = int((storage.read_manifest(trial.checkpoint) or {}).get(
+        "attempt", 0)) if trial.checkpoint else 0
+    for path in storage.list_checkpoints(trial.path):  # oldest first
         if path in known:
             continue
-        manifest = storage.read_manifest(path)
-        it = _iteration(manifest or {})
-        attempt = int((manifest or {}).get("attempt", 0))
-        result = (manifest or {}).get("result")
-        usable = manifest is not None and attempt >= floor and \
-            it >= trial.checkpoint_iteration and \
+        manifest = storage.read_manifest(path) or {}
+        it = _iteration(manifest)
+        attempt = int(manifest.get("attempt", 0))
+        result = manifest.get("result")
+        usable = bool(manifest) and attempt >= floor and \
             (it <= trial.logged_iteration or
              (it == bound + 1 and not rec.unlogged and isinstance(result, dict)))
         if not usable or not storage.is_committed(path):
-            rec.superseded.append(path)
+            rec.superseded.append(path)  # uncommitted, a zombie's, or ahead of the record
             continue
         if it > trial.logged_iteration:
             # Committed with its result, never logged (the driver died first).
@@ -254,11 +248,13 @@ def _resume_point(trial: Trial, storage: ExperimentStorage, rec: Recovery) -> No
         metrics = {k: v for k, v in (result if isinstance(result, dict) else {}).items()
                    if isinstance(v, (int, float)) and not isinstance(v, bool)}
         trial.checkpoints.append({"path": path, "iteration": it,
-                                  "time_total_s": (manifest or {}).get("time_total_s", 0.0),
+                                  "time_total_s": manifest.get("time_total_s", 0.0),
                                   "metrics": metrics})
         trial.checkpoint = path
         trial.checkpoint_iteration = it
         floor = max(floor, attempt)
+        if attempt > saved_floor:
+            trial.restore_path = None  # a newer attempt committed its own: it goes on
 
 
 def _start_over(trial: Trial, storage: ExperimentStorage) -> Recovery:
