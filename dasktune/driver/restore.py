@@ -83,6 +83,9 @@ class Restoration:
     recoveries: list[Recovery] = field(default_factory=list)
     #: Trial folders no saved trial owns.
     stale_folders: list[str] = field(default_factory=list)
+    #: Carried out already (a second ``fit()`` of the restored Tuner must not rewrite
+    #: the files to what was read before the first).
+    carried_out: bool = False
 
     @property
     def ended_unheard(self) -> list[str]:
@@ -95,7 +98,10 @@ class Restoration:
         """Make storage agree with the restored trials (after ``callbacks.setup``):
         rewrite their logger files to the record, log the rows no driver logged, save
         the state (so it points at the resume points), then delete superseded
-        checkpoints and apply retention, and tell the deciders of unheard ends."""
+        checkpoints and apply retention, and tell the deciders of unheard ends. Once."""
+        if self.carried_out:
+            return
+        self.carried_out = True
         for folder in self.stale_folders:
             self.storage.delete(folder)
         for rec in self.recoveries:
