@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from dasktune.checkpoint import Checkpoint
+from dasktune.driver.restore import scan_lineage, unlogged_row
 from dasktune.execution import Report
 from dasktune.layout import checkpoint_index
 
@@ -72,25 +73,25 @@ class CheckpointBook:
                                       checkpoint=Checkpoint(path, self.storage.fs))
 
     def unreported(self, trial: Trial) -> Report | None:
-        """A checkpoint the lost attempt of ``trial`` committed before the driver heard of
-        it: registered here if it is not ahead of what was logged; returned as a report
-        for the driver's report path if it is the very next iteration (so the result
-        files keep no hole); else ignored (None)."""
-        if not trial.path:
+        """What the lost attempt of ``trial`` committed before the driver heard of it
+        (:func:`~dasktune.driver.restore.scan_lineage`, as a restore reads it):
+        checkpoints at or before the logged iteration are registered; one at the very
+        next iteration is returned as a report for the driver's report path (so the
+        result files keep no hole); every other unlisted folder of the trial (torn,
+        a zombie's, ahead of the log) is deleted, so ``num_to_keep`` holds across
+        retries."""
+        scan = scan_lineage(trial, self.storage, min_attempt=trial.attempt)
+        for path, manifest in scan.adopt:
+            result = manifest.get("result")
+            self.register(trial, path, dict(result) if isinstance(result, dict) else {
+                "training_iteration": manifest.get("training_iteration", 0),
+                "time_total_s": manifest.get("time_total_s", 0.0)})
+        if scan.superseded:
+            self.drop_superseded(trial, scan.superseded)
+        if scan.next_row is None:
             return None
-        newest = self.storage.latest_committed_checkpoint(trial.path)
-        if not newest or newest == trial.checkpoint:
-            return None
-        manifest = self.storage.read_manifest(newest) or {}
-        it = int(manifest.get("training_iteration", 0))
-        if int(manifest.get("attempt", -1)) != trial.attempt or it <= trial.checkpoint_iteration:
-            return None
-        if it <= trial.logged_iteration:
-            self.register(trial, newest, {"training_iteration": it,
-                                          "time_total_s": manifest.get("time_total_s", 0.0)})
-        elif it == trial.logged_iteration + 1 and isinstance(manifest.get("result"), dict):
-            return Report(0, dict(manifest["result"], config=trial.config), newest)
-        return None
+        path, manifest = scan.next_row
+        return Report(0, unlogged_row(trial, path, manifest), path)
 
     # ------------------------------------------------------------- exploits (PBT)
     def hold_for_exploit(self, trial: Trial, exploit: Exploit) -> None:

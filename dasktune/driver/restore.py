@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from dasktune.layout import checkpoint_index
 from dasktune.logger import EXPR_PARAM_FILE, EXPR_RESULT_FILE
 from dasktune.results import read_result_json
 from dasktune.trial import ERROR, PAUSED, PENDING, RUNNING, TERMINATED, Trial
@@ -48,7 +49,8 @@ if TYPE_CHECKING:
     from dasktune.search import SearchAlgorithm
     from dasktune.storage import ExperimentStorage
 
-__all__ = ["Recovery", "Restoration", "restore_trials"]
+__all__ = ["LineageScan", "Recovery", "Restoration", "checkpoint_info", "restore_trials",
+           "scan_lineage", "unlogged_row"]
 
 
 def _iteration(row: dict[str, Any]) -> int:
@@ -212,12 +214,74 @@ def _catch_up(trial: Trial, storage: ExperimentStorage) -> Recovery:
     return rec
 
 
+@dataclass
+class LineageScan:
+    """What a trial's folder holds beyond the checkpoints its record lists."""
+
+    #: Committed checkpoints of the lineage at or before the logged count, oldest first:
+    #: (path, manifest).
+    adopt: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    #: The committed checkpoint one iteration past the logged count, with the result it
+    #: was reported with (never logged: the driver died or the report was lost).
+    next_row: tuple[str, dict[str, Any]] | None = None
+    #: Every other unlisted checkpoint folder: uncommitted, a zombie's, or ahead.
+    superseded: list[str] = field(default_factory=list)
+
+
+def scan_lineage(trial: Trial, storage: ExperimentStorage, *, min_attempt: int) -> LineageScan:
+    """The checkpoint folders of ``trial`` that ``trial.checkpoints`` does not list, sorted
+    into its lineage and the superseded (the one reading of a trial's checkpoints, for a
+    restore and for an attempt lost mid-run). A checkpoint of an attempt older than
+    ``min_attempt`` (or than one already adopted) is a zombie's: the trial had moved on;
+    a newer attempt's is the lineage whatever its iteration (after a PBT exploit the
+    count goes on from the donor's). Nothing past one iteration beyond
+    ``trial.logged_iteration`` is a resume point: its result was never logged."""
+    out = LineageScan()
+    if not trial.path:
+        return out
+    known = {c["path"] for c in trial.checkpoints}
+    logged = bound = trial.logged_iteration
+    floor = min_attempt
+    for path in storage.list_checkpoints(trial.path):  # oldest first
+        if path in known:
+            continue
+        manifest = storage.read_manifest(path) or {}
+        it = _iteration(manifest)
+        attempt = int(manifest.get("attempt", 0))
+        ahead = it == bound + 1 and out.next_row is None and \
+            isinstance(manifest.get("result"), dict)
+        if not manifest or attempt < floor or not (it <= logged or ahead) or \
+                not storage.is_committed(path):
+            out.superseded.append(path)
+            continue
+        if it > logged:
+            out.next_row = (path, manifest)
+            logged = it
+        else:
+            out.adopt.append((path, manifest))
+        floor = max(floor, attempt)
+    return out
+
+
+def checkpoint_info(path: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    """A trial's record of the checkpoint at ``path`` (``trial.checkpoints``' items)."""
+    result = manifest.get("result")
+    metrics = {k: v for k, v in (result if isinstance(result, dict) else {}).items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {"path": path, "iteration": _iteration(manifest),
+            "time_total_s": manifest.get("time_total_s", 0.0), "metrics": metrics}
+
+
+def unlogged_row(trial: Trial, path: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    """The result a checkpoint was committed with, as the driver would have logged it."""
+    return dict(manifest["result"], checkpoint_dir_name=posixpath.basename(path),
+                config=trial.config)
+
+
 def _resume_point(trial: Trial, storage: ExperimentStorage, rec: Recovery) -> None:
     """Adopt the committed checkpoints of the trial's lineage that the state does not
     list, up to one iteration past the record (that one's result is then unlogged);
     every other unlisted checkpoint folder is superseded."""
-    assert trial.path
-    bound = trial.logged_iteration
     # The state's newest checkpoints while they are gone or torn (retention deleted
     # them after the state was saved, or a commit was cut short).
     while trial.checkpoints and not storage.is_committed(trial.checkpoints[-1]["path"]):
@@ -225,41 +289,23 @@ def _resume_point(trial: Trial, storage: ExperimentStorage, rec: Recovery) -> No
     newest = trial.checkpoints[-1] if trial.checkpoints else None
     trial.checkpoint = newest["path"] if newest else None
     trial.checkpoint_iteration = int(newest.get("iteration", 0)) if newest else 0
-    known = {c["path"] for c in trial.checkpoints} | set(rec.superseded)
-    # Checkpoints of an attempt older than the state's newest one are a zombie's (the
-    # trial had moved on); a newer attempt's are the lineage, whatever their iteration
-    # (after a PBT exploit the count goes on from the donor's).
-    floor = saved_floor = int((storage.read_manifest(trial.checkpoint) or {}).get(
-        "attempt", 0)) if trial.checkpoint else 0
-    for path in storage.list_checkpoints(trial.path):  # oldest first
-        if path in known:
-            continue
-        manifest = storage.read_manifest(path) or {}
-        it = _iteration(manifest)
-        attempt = int(manifest.get("attempt", 0))
-        result = manifest.get("result")
-        usable = bool(manifest) and attempt >= floor and \
-            (it <= trial.logged_iteration or
-             (it == bound + 1 and not rec.unlogged and isinstance(result, dict)))
-        if not usable or not storage.is_committed(path):
-            rec.superseded.append(path)  # uncommitted, a zombie's, or ahead of the record
-            continue
-        if it > trial.logged_iteration:
-            # Committed with its result, never logged (the driver died first).
-            row = dict(result, checkpoint_dir_name=posixpath.basename(path),
-                       config=trial.config)
-            rec.unlogged.append(row)
-            trial.update_last_result(row)
-            trial.logged_iteration = it
-        metrics = {k: v for k, v in (result if isinstance(result, dict) else {}).items()
-                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        trial.checkpoints.append({"path": path, "iteration": it,
-                                  "time_total_s": manifest.get("time_total_s", 0.0),
-                                  "metrics": metrics})
+    saved_floor = int((storage.read_manifest(trial.checkpoint) or {}).get("attempt", 0)) \
+        if trial.checkpoint else 0
+    scan = scan_lineage(trial, storage, min_attempt=saved_floor)
+    rec.superseded += [p for p in scan.superseded if p not in rec.superseded]
+    found = list(scan.adopt)
+    if scan.next_row is not None:
+        path, manifest = scan.next_row
+        row = unlogged_row(trial, path, manifest)  # the driver died before logging it
+        rec.unlogged.append(row)
+        trial.update_last_result(row)
+        trial.logged_iteration = _iteration(manifest)
+        found.append(scan.next_row)
+    for path, manifest in sorted(found, key=lambda f: checkpoint_index(f[0]) or 0):
+        trial.checkpoints.append(checkpoint_info(path, manifest))
         trial.checkpoint = path
-        trial.checkpoint_iteration = it
-        floor = max(floor, attempt)
-        if attempt > saved_floor:
+        trial.checkpoint_iteration = _iteration(manifest)
+        if int(manifest.get("attempt", 0)) > saved_floor:
             trial.restore_path = None  # a newer attempt committed its own: it goes on
 
 
