@@ -98,9 +98,9 @@ class Restoration:
                   scheduler: TrialScheduler, search_alg: SearchAlgorithm, context: Any,
                   save: Callable[[], None]) -> None:
         """Make storage agree with the restored trials (after ``callbacks.setup``):
-        rewrite their logger files to the record, log the rows no driver logged, save
-        the state (so it points at the resume points), then delete superseded
-        checkpoints and apply retention, and tell the deciders of unheard ends. Once."""
+        rewrite their logger files to the record, log the rows no driver logged, tell
+        the deciders and callbacks of unheard ends, save the state (so it points at the
+        resume points), then delete superseded checkpoints and apply retention. Once."""
         if self.carried_out:
             return
         self.carried_out = True
@@ -113,12 +113,6 @@ class Restoration:
             for row in rec.unlogged:
                 callbacks.on_trial_result(iteration=0, trials=trials, trial=rec.trial,
                                           result=row)
-        if self.recoveries:
-            # Before retention deletes anything: the saved state never points at a
-            # checkpoint retention removed.
-            save()
-        for rec in self.recoveries:
-            book.drop_superseded(rec.trial, rec.superseded)
         for rec in self.recoveries:
             if not rec.ended:
                 continue
@@ -127,6 +121,13 @@ class Restoration:
             scheduler.on_trial_complete(context, trial, final)
             search_alg.on_trial_complete(trial.trial_id, result=final)
             callbacks.on_trial_complete(iteration=0, trials=trials, trial=trial)
+        if self.recoveries:
+            # Before retention deletes anything (the saved state never points at a
+            # checkpoint retention removed), after the deciders heard of the ends (a
+            # state saving a trial TERMINATED has a searcher state that knows it).
+            save()
+        for rec in self.recoveries:
+            book.drop_superseded(rec.trial, rec.superseded)
 
 
 def restore_trials(trials: list[Trial], storage: ExperimentStorage, *,
@@ -196,20 +197,16 @@ def _catch_up(trial: Trial, storage: ExperimentStorage) -> Recovery:
         return rec  # never started: storage holds nothing of it
     rows = read_result_json(storage.fs, trial.path)  # complete rows, in order
     rec.results = rows
-    logged = _iteration(rows[-1]) if rows else 0
-    if logged > trial.logged_iteration:
-        tail = []  # the rows logged after the state was saved
-        for row in reversed(rows):
-            if _iteration(row) <= trial.logged_iteration:
-                break
-            tail.append(row)
-        for row in reversed(tail):
+    seen = _last_seen(rows, trial.last_result) if trial.logged_iteration else -1
+    if seen is not None:
+        for row in rows[seen + 1:]:  # logged after the state was saved
             trial.update_last_result(row)
-    elif logged < trial.logged_iteration:
-        # Rows the state counted never reached the file (it was still being opened at
-        # the kill): the attempt that goes on runs and logs them again.
+            trial.logged_iteration = _iteration(row)
+    else:
+        # The row the state saw last never reached the file (it was still being opened
+        # at the kill): the attempt that goes on runs and logs what is missing again.
         trial.last_result = dict(rows[-1]) if rows else {}
-    trial.logged_iteration = logged
+        trial.logged_iteration = _iteration(rows[-1]) if rows else 0
     _resume_point(trial, storage, rec)
     return rec
 
@@ -276,6 +273,18 @@ def unlogged_row(trial: Trial, path: str, manifest: dict[str, Any]) -> dict[str,
     """The result a checkpoint was committed with, as the driver would have logged it."""
     return dict(manifest["result"], checkpoint_dir_name=posixpath.basename(path),
                 config=trial.config)
+
+
+def _last_seen(rows: list[dict[str, Any]], last: dict[str, Any]) -> int | None:
+    """The index in ``rows`` of the row the saved state saw last (``last``), or None.
+    Matched by position in the file, not by iteration alone: after a PBT exploit the
+    count goes back, so an iteration may appear twice."""
+    key = ("training_iteration", "time_total_s", "timestamp")
+    want = tuple(last.get(k) for k in key)
+    for i in range(len(rows) - 1, -1, -1):
+        if tuple(rows[i].get(k) for k in key) == want:
+            return i
+    return None
 
 
 def _resume_point(trial: Trial, storage: ExperimentStorage, rec: Recovery) -> None:
