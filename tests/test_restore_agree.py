@@ -9,6 +9,8 @@
   that lags, event files that run ahead, a committed checkpoint whose result no driver
   logged, a torn checkpoint, the folder of a trial the state never saw): restore makes
   the files agree, and the unlogged result reaches the user's callbacks.
+- The record's rule on its own: the rows after the one the state saw last are what was
+  logged after the save (a pending PBT exploit's count goes back and stays).
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ import pytest
 from conftest import driver_lives, logged_iterations
 
 import dasktune as tune
+from dasktune.driver.restore import restore_trials
 from dasktune.layout import checkpoint_dir_name
-from dasktune.storage import MANIFEST, TRIAL_END_FILE
+from dasktune.storage import MANIFEST, TRIAL_END_FILE, ExperimentStorage
+from dasktune.trial import Trial
 
 DRIVER = r'''
 import json, os, sys, tempfile, time
@@ -254,3 +258,41 @@ def test_restart_errored_starts_its_files_and_checkpoints_afresh(local_client, t
     assert files.pop("checkpoints") == [1, 2, 3]  # the errored attempt's are gone
     for what, its in files.items():
         assert its == [1, 2, 3], (what, its)
+
+
+# ------------------------------------------------------------- the record's rule
+def _folder_with_rows(tmp_path, its: list[int]):
+    storage = ExperimentStorage(str(tmp_path / "results"), "exp")
+    path = storage.trial_path("train_t0")
+    os.makedirs(path)
+    rows = [{"training_iteration": it, "time_total_s": float(n), "timestamp": 1000 + n,
+             "config": {}} for n, it in enumerate(its)]
+    with open(os.path.join(path, "result.json"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    return storage, path, rows
+
+
+def _saved(path: str, last: dict, logged: int, **fields) -> Trial:
+    trial = Trial(trial_id="t0", config={}, status="PENDING", **fields)
+    trial.path, trial.last_result, trial.logged_iteration = path, dict(last), logged
+    return trial
+
+
+def test_the_record_is_the_rows_after_the_one_the_state_saw(tmp_path):
+    # Rows 1-8, then a PBT exploit from a donor at iteration 4: the state saved after
+    # the exploit counts 4 and saw row 8 last. Nothing was logged since: the count stays.
+    storage, path, rows = _folder_with_rows(tmp_path, [1, 2, 3, 4, 5, 6, 7, 8])
+    trial = _saved(path, rows[-1], 4, restore_path="/donor/checkpoint_000001")
+    (rec,) = restore_trials([trial], storage).recoveries
+    assert trial.logged_iteration == 4 and trial.last_result == rows[-1]
+    assert [r["training_iteration"] for r in rec.results] == [1, 2, 3, 4, 5, 6, 7, 8]
+    # The exploited attempt logged 5 and 6 before the kill: the count goes on from them.
+    storage, path, rows = _folder_with_rows(tmp_path / "b", [1, 2, 3, 4, 5, 6, 7, 8, 5, 6])
+    trial = _saved(path, rows[7], 4, restore_path="/donor/checkpoint_000001")
+    restore_trials([trial], storage)
+    assert trial.logged_iteration == 6 and trial.last_result == rows[-1]
+    # The row the state saw never reached the file: the count is the file's.
+    storage, path, rows = _folder_with_rows(tmp_path / "c", [1, 2, 3])
+    trial = _saved(path, dict(rows[-1], training_iteration=4, timestamp=2000), 4)
+    restore_trials([trial], storage)
+    assert trial.logged_iteration == 3 and trial.last_result == rows[-1]

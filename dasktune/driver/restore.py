@@ -7,8 +7,9 @@ a torn last line, the rows of a trial the state never saw). One rule makes them 
 
 - **A trial's record is its ``result.json``**: its complete rows, in order (a torn last
   line is not one; the JSON logger is the first to be handed a result, and its file is
-  the one restore reads). Its last row's ``training_iteration`` is the trial's logged
-  count. On restore, every logger file of a trial that goes on is rewritten to exactly
+  the one restore reads). The rows after the one the saved state saw last were logged
+  after the save: the trial's logged count is the last of them (else the state's). On
+  restore, every logger file of a trial that goes on is rewritten to exactly
   these rows (``Callback.on_trial_restore_results``), so ``progress.csv``, TensorBoard
   and ``Result.metrics_dataframe`` hold what ``result.json`` holds. The attempt that
   goes on then logs only iterations past that count (the driver's live rule), and a
