@@ -42,6 +42,13 @@ class Callback:
                         result: dict[str, Any], **info: Any) -> None:
         """Called for every reported result, in report order."""
 
+    def on_trial_restore_results(self, iteration: int, trials: list[Trial], trial: Trial,
+                                 results: list[dict[str, Any]], **info: Any) -> None:
+        """(dasktune) A restored trial's logged results are ``results``, in order, as its
+        record (``result.json``) holds them: what a killed driver left in other files
+        may lack rows or hold more, so loggers rewrite their files to these. Results no
+        driver logged come after, through :meth:`on_trial_result`."""
+
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial,
                           **info: Any) -> None:
         """Called when a trial ends TERMINATED (done, stopped or early-stopped)."""

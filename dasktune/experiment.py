@@ -9,9 +9,9 @@ Three files at the experiment root:
 - ``tuner.pkl``: the param space and configs, written once (no trainable: restore is
   given it again, as in Ray).
 
-Restore also reads what the workers committed after the last save (checkpoints, and a
-trial's end marker: a trial whose trainable returned is TERMINATED, never rerun). Saving
-and restoring share this module because restore is the save's reader (hence ~420 lines).
+What storage holds beyond the saved state (rows, checkpoints and trial-end markers
+written after the last save) is read by :mod:`dasktune.driver.restore`, the one place
+restore interprets trial folders; this module reads the three files and wires.
 """
 
 from __future__ import annotations
@@ -21,15 +21,16 @@ import logging
 import operator
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
-from dasktune.results import ResultGrid, read_result_json
+from dasktune.driver.restore import Restoration, restore_trials
+from dasktune.results import ResultGrid
 from dasktune.stopper import Stopper
 from dasktune.storage import SEARCHER_STATE_FILE, STATE_FILE, TUNER_FILE, ExperimentStorage
-from dasktune.trial import ERROR, FINISHED, PAUSED, PENDING, RUNNING, TERMINATED, Trial
+from dasktune.trial import FINISHED, Trial
 
 if TYPE_CHECKING:
     from dasktune.config import RunConfig, TuneConfig
@@ -206,9 +207,9 @@ class RestoredExperiment:
     uid: str
     saved_trials: list[Trial] | None = None
     trainable_name: str | None = None
-    # Trials whose trainable returned but no saved state says so: the searcher and
-    # scheduler restored from that state still count them as running.
-    ended_unheard: list[str] = field(default_factory=list)
+    # What storage holds beyond the saved state, for the restored driver to carry out
+    # (rows to log, superseded checkpoints, trials that ended unheard).
+    restoration: Restoration | None = None
 
     def result_grid(self) -> ResultGrid:
         """The results as saved (before any resume/restart decision)."""
@@ -303,129 +304,12 @@ def load(path: str, *, storage_filesystem: Any = None,
         run_config.stop = saved["stopper"]
     saved = [Trial.from_state(t) for t in state["trials"]]
     trials = [Trial.from_state(t) for t in state["trials"]]
-    ended_unheard = [t.trial_id for t in trials
-                     if _decide(t, storage, resume_unfinished, resume_errored, restart_errored)]
+    restoration = restore_trials(trials, storage, resume_unfinished=resume_unfinished,
+                                 resume_errored=resume_errored,
+                                 restart_errored=restart_errored)
     return RestoredExperiment(storage=storage, state=state, trials=trials,
                               param_space=static["param_space"], tune_config=tune_config,
                               run_config=run_config, search_alg=search_alg,
                               scheduler=scheduler, uid=uid, saved_trials=saved,
                               trainable_name=static.get("trainable_name"),
-                              ended_unheard=ended_unheard)
-
-
-def _catch_up(trial: Trial, storage: ExperimentStorage) -> None:
-    """Bring a trial's record up to what storage holds (the state file may lag a few
-    seconds behind the result files and checkpoints of a killed driver)."""
-    if not trial.path:
-        return
-    results = read_result_json(storage.fs, trial.path)
-    if results:
-        last = results[-1]
-        it = int(last.get("training_iteration", 0))
-        if it > trial.logged_iteration:
-            for r in results:
-                if int(r.get("training_iteration", 0)) > trial.logged_iteration:
-                    trial.update_last_result(r)
-            trial.logged_iteration = it
-    newest = _newest_of_lineage(trial, storage)
-    if newest and newest != trial.checkpoint:
-        manifest = storage.read_manifest(newest) or {}
-        it = int(manifest.get("training_iteration", 0))
-        if it == trial.logged_iteration + 1 and isinstance(manifest.get("result"), dict):
-            # Committed but never logged (the driver died first): log it now.
-            trial.update_last_result(dict(manifest["result"], config=trial.config))
-            trial.logged_iteration = it
-            _append_result(storage, trial, manifest["result"])
-        if trial.checkpoint_iteration <= it <= trial.logged_iteration:
-            trial.checkpoints.append({"path": newest, "iteration": it,
-                                      "time_total_s": manifest.get("time_total_s", 0.0),
-                                      "metrics": {}})
-            trial.checkpoint = newest
-            trial.checkpoint_iteration = it
-    elif trial.checkpoint and not storage.is_committed(trial.checkpoint):
-        # The recorded checkpoint is gone or broken: fall back to the newest valid one.
-        trial.checkpoint = newest
-
-
-def _ended_in_storage(trial: Trial, storage: ExperimentStorage) -> bool:
-    """Whether the worker recorded that the trial's trainable returned (its end marker,
-    written before the driver heard of it); if so its final result becomes the last one,
-    logged to ``result.json`` when it is the one row the driver missed."""
-    end = storage.read_trial_end(trial.path) if trial.path else None
-    if end is None or int(end.get("attempt", 0)) < trial.attempt:
-        return False  # none, or an older attempt's (the trial went on after it)
-    result = end["result"]
-    it = int(result.get("training_iteration", 0))
-    if result and it > trial.logged_iteration:
-        if it == trial.logged_iteration + 1:
-            _append_result(storage, trial, result)
-            trial.logged_iteration = it
-        trial.update_last_result(dict(result, config=trial.config))
-    if trial.last_result:
-        trial.last_result = dict(trial.last_result, done=True)
-    return True
-
-
-def _append_result(storage: ExperimentStorage, trial: Trial, result: dict[str, Any]) -> None:
-    import json
-
-    from dasktune.logger import EXPR_RESULT_FILE
-    from dasktune.storage import json_default
-
-    fh = storage.open_append(f"{trial.path}/{EXPR_RESULT_FILE}")
-    try:
-        fh.write(json.dumps(dict(result, config=trial.config), default=json_default)
-                 .encode() + b"\n")
-    finally:
-        fh.close(final=True)  # a spool that cannot be uploaded stays on disk, named in the log
-
-
-def _newest_of_lineage(trial: Trial, storage: ExperimentStorage) -> str | None:
-    """The newest committed checkpoint not written by a superseded attempt (a zombie
-    that came back after its trial had moved on must not become the resume point)."""
-    floor = 0
-    if trial.checkpoint:
-        floor = int((storage.read_manifest(trial.checkpoint) or {}).get("attempt", 0))
-    for path in reversed(storage.list_checkpoints(trial.path or "")):
-        manifest = storage.read_manifest(path)
-        if manifest is None or int(manifest.get("attempt", 0)) < floor:
-            continue
-        if int(manifest.get("training_iteration", 0)) > trial.logged_iteration + 1:
-            continue  # an orphan ran ahead of every log: not a resume point
-        if storage.is_committed(path):
-            return path
-    return None
-
-
-def _decide(trial: Trial, storage: ExperimentStorage, resume_unfinished: bool,
-            resume_errored: bool, restart_errored: bool) -> bool:
-    """Set what ``trial`` does next; True when it ended in storage unheard (TERMINATED
-    by its end marker)."""
-    trial.attempt = max(trial.attempt, len(trial.placements))
-    if trial.status == TERMINATED:
-        return False
-    if trial.status == ERROR:
-        # Both flags set: resume wins, as in Ray's Tuner.restore.
-        if resume_errored:
-            _catch_up(trial, storage)
-            trial.status = PENDING
-            trial.num_failures = 0
-            trial.error_msg = None
-        elif restart_errored:
-            trial.status = PENDING
-            trial.checkpoint = None
-            trial.checkpoint_iteration = 0
-            trial.logged_iteration = 0
-            trial.num_failures = 0
-            trial.error_msg = None
-        return False
-    if trial.status in (PENDING, RUNNING, PAUSED):
-        if resume_unfinished:
-            _catch_up(trial, storage)
-            if _ended_in_storage(trial, storage):
-                trial.status = TERMINATED  # its trainable returned: never run it again
-                return True
-            trial.status = PAUSED if trial.status == PAUSED else PENDING
-        else:
-            trial.status = TERMINATED
-    return False
+                              restoration=restoration)

@@ -4,7 +4,9 @@
 Loggers are callbacks in the driver: every result passes through them in report
 order, and they write through the experiment's fsspec storage (appending in place
 on local and shared filesystems, re-uploading whole objects on object stores).
-Writes are flushed once per batch of results, not per result.
+Writes are flushed once per batch of results, not per result. On restore each logger
+rewrites a trial's file to the trial's record (``log_trial_restore_results``); the
+three formats and their shared per-trial file handling stay together (~500 lines).
 """
 
 from __future__ import annotations
@@ -66,6 +68,11 @@ class LoggerCallback(Callback):
     def log_trial_end(self, trial: Trial, failed: bool = False) -> None:
         """A trial ended."""
 
+    def log_trial_restore_results(self, trial: Trial, results: list[dict[str, Any]]) -> None:
+        """A restored trial's logged results are exactly ``results`` (see
+        :meth:`~dasktune.Callback.on_trial_restore_results`): rewrite what this logger
+        holds of it to them. A logger that cannot rewrite leaves it (the default)."""
+
     def flush(self) -> None:
         """Make what was logged so far durable (called once per batch of results)."""
 
@@ -83,6 +90,10 @@ class LoggerCallback(Callback):
     def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial,
                         result: dict[str, Any], **info: Any) -> None:
         self.log_trial_result(iteration, trial, result)
+
+    def on_trial_restore_results(self, iteration: int, trials: list[Trial], trial: Trial,
+                                 results: list[dict[str, Any]], **info: Any) -> None:
+        self.log_trial_restore_results(trial, results)
 
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial,
                           **info: Any) -> None:
@@ -160,6 +171,20 @@ class _PerTrialFiles(LoggerCallback):
     def log_trial_start(self, trial: Trial) -> None:
         # Opened now, on the storage's io thread: open by the trial's first result.
         self._file(trial)
+
+    def log_trial_restore_results(self, trial: Trial, results: list[dict[str, Any]]) -> None:
+        """Replace the trial's file by one holding ``results`` (atomically: a driver
+        killed meanwhile leaves the old file or the new one); later results append."""
+        assert self.storage is not None and trial.path
+        for files in (self._files, self._closing):
+            fh = files.pop(trial.trial_id, None)
+            if fh is not None:
+                fh.close(final=True)
+        self._rewrite(trial, results)
+
+    def _rewrite(self, trial: Trial, results: list[dict[str, Any]]) -> None:
+        """Write the trial's file anew, holding ``results`` (the format's own)."""
+        raise NotImplementedError
 
     def log_trial_end(self, trial: Trial, failed: bool = False) -> None:
         self._end_file(trial.trial_id)
@@ -247,7 +272,16 @@ class JsonLoggerCallback(_PerTrialFiles):
         super().on_experiment_end(trials, **info)
 
     def log_trial_result(self, iteration: int, trial: Trial, result: dict[str, Any]) -> None:
-        self._file(trial).write(_ENCODER.encode(result).encode() + b"\n")
+        self._file(trial).write(_json_line(result))
+
+    def _rewrite(self, trial: Trial, results: list[dict[str, Any]]) -> None:
+        assert self.storage is not None
+        self.storage.write_bytes(f"{trial.path}/{self.filename}",
+                                 b"".join(_json_line(r) for r in results))
+
+
+def _json_line(result: dict[str, Any]) -> bytes:
+    return _ENCODER.encode(result).encode() + b"\n"
 
 
 # One encoder for every line: json.dumps(default=...) builds a new one per call.
@@ -307,13 +341,28 @@ class CSVLoggerCallback(_PerTrialFiles):
     def log_trial_result(self, iteration: int, trial: Trial, result: dict[str, Any]) -> None:
         flat = flatten_dict({k: v for k, v in result.items() if k != "config"})
         fields, header = self._fields_for(trial, flat)
+        self._file(trial).write(self._text([flat], fields, header))
+
+    def _text(self, flats: list[dict[str, Any]], fields: list[str], header: bool) -> bytes:
+        """CSV rows of the flattened results ``flats`` in ``fields``' columns."""
         buf = self._buf
         buf.seek(0)
         buf.truncate()
         if header:
             self._writer.writerow(fields)
-        self._writer.writerow([flat.get(k, "") for k in fields])
-        self._file(trial).write(buf.getvalue().encode())
+        for flat in flats:
+            self._writer.writerow([flat.get(k, "") for k in fields])
+        return buf.getvalue().encode()
+
+    def _rewrite(self, trial: Trial, results: list[dict[str, Any]]) -> None:
+        assert self.storage is not None
+        flats = [flatten_dict({k: v for k, v in r.items() if k != "config"}) for r in results]
+        self._fields.pop(trial.trial_id, None)
+        data = b""
+        if flats:  # columns fixed by the first result, as when it was first logged
+            fields = self._fields[trial.trial_id] = list(flats[0])
+            data = self._text(flats, fields, header=True)
+        self.storage.write_bytes(f"{trial.path}/{self.filename}", data)
 
     def log_trial_end(self, trial: Trial, failed: bool = False) -> None:
         super().log_trial_end(trial, failed)
@@ -321,6 +370,7 @@ class CSVLoggerCallback(_PerTrialFiles):
 
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_EVENTS_PREFIX = "events.out.tfevents."
 
 
 def _tb_step(result: dict[str, Any], iteration: int) -> int:
@@ -358,18 +408,21 @@ class TBXLoggerCallback(_PerTrialFiles):
         self._names: dict[str, str] = {}
         self._last: dict[str, dict[str, float]] = {}
 
+    def _name(self, trial: Trial) -> str:
+        """The name of the trial's event file in this driver."""
+        return self._names.setdefault(
+            trial.trial_id,
+            f"{_EVENTS_PREFIX}{int(time.time())}.{socket.gethostname()}.{trial.attempt}",
+        )
+
     def _open(self, trial: Trial) -> AppendFile:
         assert self.storage is not None and trial.path
-        name = self._names.setdefault(
-            trial.trial_id,
-            f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{trial.attempt}",
-        )
         return self.storage.open_append(
-            f"{trial.path}/{name}",
+            f"{trial.path}/{self._name(trial)}",
             header=_tfevents.tf_record(_tfevents.file_version_event(time.time())))
 
-    def log_trial_result(self, iteration: int, trial: Trial, result: dict[str, Any]) -> None:
-        step = _tb_step(result, iteration)
+    def _scalars(self, result: dict[str, Any]) -> list[tuple[str, float]]:
+        """The scalars of a result, under their TensorBoard tags."""
         flat = flatten_dict({k: v for k, v in result.items() if k not in self._SKIP})
         scalars = []
         for key, value in flat.items():
@@ -379,14 +432,42 @@ class TBXLoggerCallback(_PerTrialFiles):
                 value = float(value)
             if math.isfinite(value):
                 scalars.append((f"ray/tune/{key}", value))
+        return scalars
+
+    def log_trial_result(self, iteration: int, trial: Trial, result: dict[str, Any]) -> None:
+        scalars = self._scalars(result)
         if not scalars:
             return
         self._last[trial.trial_id] = dict(scalars)
+        step = _tb_step(result, iteration)
         try:
             self._file(trial).write(
                 _tfevents.tf_record(_tfevents.scalars_event(time.time(), step, scalars)))
         except Exception as exc:  # noqa: BLE001 - a logger never fails the experiment
             logger.warning("TensorBoard logging failed: %s", exc)
+
+    def _rewrite(self, trial: Trial, results: list[dict[str, Any]]) -> None:
+        """One event file holding ``results`` (at each one's own time) replaces the
+        trial's event files: TensorBoard reads them all, so none may be left over."""
+        assert self.storage is not None and trial.path
+        self._names.pop(trial.trial_id, None)
+        self._last.pop(trial.trial_id, None)
+        for name in self.storage.list_names(trial.path):
+            if name.startswith(_EVENTS_PREFIX):
+                self.storage.delete(f"{trial.path}/{name}")
+        records = []
+        for result in results:
+            scalars = self._scalars(result)
+            if scalars:
+                self._last[trial.trial_id] = dict(scalars)
+                wall = result.get("timestamp")
+                wall = float(wall) if isinstance(wall, (int, float)) else time.time()
+                step = _tb_step(result, int(result.get("training_iteration", 0) or 0))
+                records.append(_tfevents.tf_record(_tfevents.scalars_event(wall, step,
+                                                                            scalars)))
+        if records:
+            self.storage.write_bytes(f"{trial.path}/{self._name(trial)}", b"".join(
+                [_tfevents.tf_record(_tfevents.file_version_event(time.time())), *records]))
 
     def log_trial_end(self, trial: Trial, failed: bool = False) -> None:
         metrics = self._last.pop(trial.trial_id, None)

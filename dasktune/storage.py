@@ -515,6 +515,17 @@ class ExperimentStorage:
                 return False
         return True
 
+    def list_names(self, folder: str, folders_only: bool = False) -> list[str]:
+        """The names in ``folder`` (not their paths; only sub-folders with ``folders_only``),
+        or [] when it does not exist."""
+        self._fresh(folder)
+        try:
+            entries = retry(lambda: self.fs.ls(folder, detail=True), self.uri_of(folder))
+        except FileNotFoundError:
+            return []
+        return [posixpath.basename(e["name"].rstrip("/")) for e in entries
+                if not folders_only or e.get("type") == "directory"]
+
     def list_checkpoints(self, trial_path: str) -> list[str]:
         """Checkpoint directories of a trial, oldest first (committed or not)."""
         self._fresh(trial_path)

@@ -142,7 +142,7 @@ class Tuner:
         controller = TuneController(plan, search_alg, scheduler, executor, callbacks,
                                     trials=trials, save_state=state_writer,
                                     reporter=tuner_build.make_reporter(rc, tc),
-                                    ended_unheard=restored.ended_unheard if restored else ())
+                                    restoration=restored.restoration if restored else None)
         state_writer.write_static()
         try:
             # Before the first trial exists, so a bad option costs no work (Ray: at fit()).

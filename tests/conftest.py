@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -31,6 +32,87 @@ def wait_for(predicate: Callable[[], object], timeout: float = 30.0, interval: f
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def driver_lives(script: Path, args: list[str], logdir: Path, *, progress: Callable[[], int],
+                 rng: random.Random, kills: int = 3, step: tuple[int, int] = (4, 12),
+                 jitter: float = 0.0, max_lives: int = 8, env: dict[str, str] | None = None,
+                 before_kill: Callable[[int], None] | None = None,
+                 timeout: float = 90.0, finish_timeout: float = 180.0) -> tuple[int, int, str]:
+    """Run the driver ``script`` (``python script *args``, in its own process group) again
+    and again: in each of its first ``kills`` lives, once ``progress()`` grew by a seeded
+    number of steps in ``step`` (and a seeded pause up to ``jitter`` s), SIGKILL the whole
+    group (the driver and any embedded cluster); then let a last life run to its end.
+    ``before_kill(life)`` checks the storage while the life runs. Returns (lives, kills,
+    the last life's output); fails if the last life did not exit with 0."""
+    lives = done_kills = 0
+    while True:
+        lives += 1
+        assert lives <= max_lives, "the experiment never finished"
+        logfile = logdir / f"driver-{lives}.log"
+        with open(logfile, "w") as log:
+            driver = subprocess.Popen([sys.executable, str(script), *args], env=env,
+                                      stdout=log, stderr=subprocess.STDOUT,
+                                      start_new_session=True, cwd=str(logdir))
+            try:
+                if done_kills < kills:
+                    before = progress()
+                    goal = before + rng.randint(*step)
+                    wait_for(lambda goal=goal, driver=driver: progress() >= goal or
+                             driver.poll() is not None,
+                             timeout=timeout, what=f"progress to {goal} in driver life {lives}")
+                    if driver.poll() is None and jitter:
+                        time.sleep(rng.uniform(0, jitter))
+                    if driver.poll() is None:
+                        if before_kill is not None:
+                            before_kill(lives)
+                        os.killpg(driver.pid, signal.SIGKILL)
+                        driver.wait(10)
+                        done_kills += 1
+                        continue
+                driver.wait(finish_timeout)
+            finally:
+                if driver.poll() is None:
+                    os.killpg(driver.pid, signal.SIGKILL)
+                    driver.wait(10)
+        out = logfile.read_text()
+        assert driver.returncode == 0, out[-3000:]
+        return lives, done_kills, out
+
+
+def logged_iterations(trial_dir: str, tag: str) -> dict[str, list[int]]:
+    """The ``training_iteration`` of each row a trial's result files hold, by file:
+    ``result.json``, ``progress.csv``, TensorBoard (the steps of the scalar ``tag`` in
+    every event file of the folder, read with TensorBoard's own loader) and
+    ``checkpoints`` (the committed checkpoint folders' iterations)."""
+    import csv
+    import json
+
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    from dasktune.layout import checkpoint_index
+    from dasktune.storage import MANIFEST
+
+    out: dict[str, list[int]] = {}
+    with open(os.path.join(trial_dir, "result.json")) as f:
+        out["result.json"] = [json.loads(line)["training_iteration"] for line in f]
+    with open(os.path.join(trial_dir, "progress.csv"), newline="") as f:
+        out["progress.csv"] = [int(row["training_iteration"]) for row in csv.DictReader(f)]
+    steps = []
+    for name in sorted(os.listdir(trial_dir)):
+        if name.startswith("events.out.tfevents."):
+            for event in EventFileLoader(os.path.join(trial_dir, name)).Load():
+                if any(v.tag == tag for v in event.summary.value):
+                    steps.append(int(event.step))
+    out["tensorboard"] = steps
+    ckpts = []
+    for name in sorted(os.listdir(trial_dir)):
+        manifest = os.path.join(trial_dir, name, MANIFEST)
+        if checkpoint_index(name) is not None and os.path.exists(manifest):
+            with open(manifest) as f:
+                ckpts.append(int(json.load(f)["training_iteration"]))
+    out["checkpoints"] = ckpts
+    return out
 
 
 def free_port() -> int:

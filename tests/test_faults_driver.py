@@ -11,13 +11,12 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
-import subprocess
-import sys
 import time
 
 import pytest
-from conftest import wait_for
+from conftest import driver_lives, logged_iterations
+
+import dasktune as tune
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +56,9 @@ if tune.Tuner.can_restore(path):
 else:
     tuner = tune.Tuner(train, param_space={"x": tune.grid_search(list(range(6))), "iters": 15,
                                            "k": 3, "sleep": 0.3},
-                       run_config=tune.RunConfig(name=name, storage_path=storage, verbose=0))
+                       run_config=tune.RunConfig(
+                           name=name, storage_path=storage, verbose=0,
+                           checkpoint_config=tune.CheckpointConfig(num_to_keep=2)))
 results = tuner.fit()
 print("DONE", json.dumps({"n": len(results), "terminated": results.num_terminated,
                           "errors": len(results.errors)}), flush=True)
@@ -81,37 +82,9 @@ def test_driver_killed_repeatedly_then_restored(dask_processes, tmp_path):
     script.write_text(DRIVER)
     storage, name = str(tmp_path / "results"), "driver"
     exp = os.path.join(storage, name)
-    rng = random.Random(5)
-    lives, kills = 0, 0
-    while True:
-        lives += 1
-        assert lives <= 8, "the experiment never finished"
-        log = open(tmp_path / f"driver-{lives}.log", "w")
-        driver = subprocess.Popen([sys.executable, str(script), procs.address, storage, name],
-                                  stdout=log, stderr=subprocess.STDOUT,
-                                  start_new_session=True, cwd=str(tmp_path))
-        try:
-            if kills < 3:
-                # Progress of this life: rows it logged (zombie attempts log nothing).
-                before = _logged(exp)
-                step = rng.randint(4, 12)
-                wait_for(lambda goal=before + step, driver=driver: _logged(exp) >= goal
-                         or driver.poll() is not None,
-                         timeout=90, what=f"{step} more iterations in driver life {lives}")
-                if driver.poll() is None:
-                    os.killpg(driver.pid, signal.SIGKILL)  # the whole process group
-                    driver.wait(10)
-                    kills += 1
-                    continue
-            driver.wait(120)
-        finally:
-            if driver.poll() is None:
-                os.killpg(driver.pid, signal.SIGKILL)
-                driver.wait(10)
-            log.close()
-        out = (tmp_path / f"driver-{lives}.log").read_text()
-        assert driver.returncode == 0, out[-3000:]
-        break
+    # Progress of a life: rows it logged (zombie attempts log nothing).
+    lives, kills, out = driver_lives(script, [procs.address, storage, name], tmp_path,
+                                     progress=lambda: _logged(exp), rng=random.Random(5))
     done = json.loads(out.split("DONE", 1)[1].strip().splitlines()[0])
     assert done == {"n": 6, "terminated": 6, "errors": 0}
     state = json.load(open(os.path.join(exp, "experiment_state.json")))
@@ -119,11 +92,21 @@ def test_driver_killed_repeatedly_then_restored(dask_processes, tmp_path):
     assert {t["status"] for t in state["trials"]} == {"TERMINATED"}
     trial_dirs = [d for d in os.listdir(exp) if os.path.isdir(os.path.join(exp, d))]
     assert len(trial_dirs) == 6
+    analysis = tune.ExperimentAnalysis(exp)
+    frames = {os.path.basename(t.path): analysis.trial_dataframes[t.trial_id]
+              for t in analysis.trials}  # each trial's Result.metrics_dataframe
     for d in trial_dirs:
-        with open(os.path.join(exp, d, "result.json")) as f:
-            its = [json.loads(line)["training_iteration"] for line in f if line.strip()]
-        # Progress never went backwards across the driver's lives: each iteration once.
-        assert its == list(range(1, 16)), (d, its)
+        files = logged_iterations(os.path.join(exp, d), "ray/tune/i")
+        checkpoints = files.pop("checkpoints")
+        # Progress never went backwards across the driver's lives: each iteration once,
+        # in every result file (issue 24).
+        files["metrics_dataframe"] = list(frames[d]["training_iteration"])
+        for what, its in files.items():
+            assert its == list(range(1, 16)), (d, what, its)
+        # num_to_keep=2 held across the restores: the newest two of the last lineage.
+        assert checkpoints == [12, 15], (d, checkpoints)
+        folders = [n for n in os.listdir(os.path.join(exp, d)) if n.startswith("checkpoint_")]
+        assert len(folders) == 2, (d, folders)  # no uncommitted or superseded one left
         with open(os.path.join(exp, d, "attempts.jsonl")) as f:
             attempts = [json.loads(line) for line in f if line.strip()]
         # A resumed attempt never starts over when a checkpoint existed before it.

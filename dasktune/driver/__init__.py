@@ -8,6 +8,7 @@
 - :mod:`.queue_ahead` -- successors queued on busy actors;
 - :mod:`.trial_index` -- trials by id and the waiting ones in order;
 - :mod:`.state_saves` -- when the experiment state is saved;
+- :mod:`.restore` -- what restore reads in storage, and what the restored driver does first;
 - :mod:`.plan` -- :class:`ExperimentPlan`, what the facade hands the driver.
 
 The driver imports the executor contract (:mod:`dasktune.execution`), never an

@@ -4,7 +4,8 @@ The driver registers every checkpoint a report brings (:meth:`CheckpointBook.reg
 the book keeps ``CheckpointConfig.num_to_keep`` of them per trial (never the newest, nor
 one another trial is about to restore: a PBT donor's), knows the checkpoint an exploited
 trial restores from until it commits one of its own (the lineage), and finds a checkpoint
-a lost attempt committed but never reported (:meth:`CheckpointBook.unreported`).
+a lost attempt committed but never reported (:meth:`CheckpointBook.unreported`), and
+deletes the checkpoints a restore found superseded (:meth:`CheckpointBook.drop_superseded`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from dasktune.checkpoint import Checkpoint
+from dasktune.driver.restore import scan_lineage, unlogged_row
 from dasktune.execution import Report
 from dasktune.layout import checkpoint_index
 
@@ -49,6 +51,8 @@ class CheckpointBook:
         self._exploits: dict[str, Exploit] = {}
         # An exploited trial's next start restores its donor's checkpoint: its metadata.
         self._restore_meta: dict[str, dict[str, Any]] = {}
+        # Past the checkpoint folders of a trial that a restore deleted (next_index).
+        self._index_floor: dict[str, int] = {}
 
     # ------------------------------------------------------------- registering
     def register(self, trial: Trial, path: str, result: dict[str, Any] | None) -> None:
@@ -69,25 +73,25 @@ class CheckpointBook:
                                       checkpoint=Checkpoint(path, self.storage.fs))
 
     def unreported(self, trial: Trial) -> Report | None:
-        """A checkpoint the lost attempt of ``trial`` committed before the driver heard of
-        it: registered here if it is not ahead of what was logged; returned as a report
-        for the driver's report path if it is the very next iteration (so the result
-        files keep no hole); else ignored (None)."""
-        if not trial.path:
+        """What the lost attempt of ``trial`` committed before the driver heard of it
+        (:func:`~dasktune.driver.restore.scan_lineage`, as a restore reads it):
+        checkpoints at or before the logged iteration are registered; one at the very
+        next iteration is returned as a report for the driver's report path (so the
+        result files keep no hole); every other unlisted folder of the trial (torn,
+        a zombie's, ahead of the log) is deleted, so ``num_to_keep`` holds across
+        retries."""
+        scan = scan_lineage(trial, self.storage, min_attempt=trial.attempt)
+        for path, manifest in scan.adopt:
+            result = manifest.get("result")
+            self.register(trial, path, dict(result) if isinstance(result, dict) else {
+                "training_iteration": manifest.get("training_iteration", 0),
+                "time_total_s": manifest.get("time_total_s", 0.0)})
+        if scan.superseded:
+            self.drop_superseded(trial, scan.superseded)
+        if scan.next_row is None:
             return None
-        newest = self.storage.latest_committed_checkpoint(trial.path)
-        if not newest or newest == trial.checkpoint:
-            return None
-        manifest = self.storage.read_manifest(newest) or {}
-        it = int(manifest.get("training_iteration", 0))
-        if int(manifest.get("attempt", -1)) != trial.attempt or it <= trial.checkpoint_iteration:
-            return None
-        if it <= trial.logged_iteration:
-            self.register(trial, newest, {"training_iteration": it,
-                                          "time_total_s": manifest.get("time_total_s", 0.0)})
-        elif it == trial.logged_iteration + 1 and isinstance(manifest.get("result"), dict):
-            return Report(0, dict(manifest["result"], config=trial.config), newest)
-        return None
+        path, manifest = scan.next_row
+        return Report(0, unlogged_row(trial, path, manifest), path)
 
     # ------------------------------------------------------------- exploits (PBT)
     def hold_for_exploit(self, trial: Trial, exploit: Exploit) -> None:
@@ -134,11 +138,12 @@ class CheckpointBook:
         return {"training_iteration": manifest.get("training_iteration", 0),
                 "time_total_s": manifest.get("time_total_s", 0.0)}
 
-    @staticmethod
-    def next_index(trial: Trial) -> int:
-        """The index of ``trial``'s next checkpoint folder."""
+    def next_index(self, trial: Trial) -> int:
+        """The index of ``trial``'s next checkpoint folder (past the folders a restore
+        deleted too: a name is not used twice while a writer of the old one may live)."""
         indices = (checkpoint_index(info["path"]) for info in trial.checkpoints)
-        return max((i for i in indices if i is not None), default=-1) + 1
+        return max(max((i for i in indices if i is not None), default=-1) + 1,
+                   self._index_floor.get(trial.trial_id, 0))
 
     # ------------------------------------------------------------- retention
     def unpin_restore(self, trial: Trial) -> None:
@@ -152,6 +157,27 @@ class CheckpointBook:
                 self.enforce_retention(owner)
                 return
 
+    def _wanted(self) -> set[str]:
+        """Checkpoints another trial is about to restore from or clone (PBT): kept."""
+        wanted = {t.restore_path for t in self._trials if t.restore_path}
+        wanted |= {e.checkpoint for e in self._exploits.values()}
+        return wanted
+
+    def drop_superseded(self, trial: Trial, paths: list[str]) -> None:
+        """Delete checkpoint folders of ``trial`` that no resume will use (a restore
+        found them: an older attempt's, uncommitted ones, orphans ahead of the logged
+        results), unless another trial restores from one; then apply retention, so
+        ``num_to_keep`` holds across restores."""
+        wanted = self._wanted() | {c["path"] for c in trial.checkpoints}
+        for path in paths:
+            if path not in wanted:
+                self.storage.delete(path)
+            index = checkpoint_index(path)
+            if index is not None:
+                self._index_floor[trial.trial_id] = max(
+                    index + 1, self._index_floor.get(trial.trial_id, 0))
+        self.enforce_retention(trial)
+
     def enforce_retention(self, trial: Trial) -> None:
         keep = self.config.num_to_keep
         if keep is None or len(trial.checkpoints) <= keep:
@@ -159,8 +185,7 @@ class CheckpointBook:
         attr = self.config.checkpoint_score_attribute
         order = self.config.checkpoint_score_order
         # Never delete the newest one, nor one another trial is about to clone (PBT).
-        wanted = {t.restore_path for t in self._trials if t.restore_path}
-        wanted |= {e.checkpoint for e in self._exploits.values()}
+        wanted = self._wanted()
         candidates = [c for c in trial.checkpoints
                       if c["path"] != trial.checkpoint and c["path"] not in wanted]
 

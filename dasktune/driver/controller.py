@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from dasktune import _dask_config
@@ -41,6 +40,7 @@ if TYPE_CHECKING:
     from concurrent.futures import Future
 
     from dasktune.driver.plan import ExperimentPlan
+    from dasktune.driver.restore import Restoration
     from dasktune.execution import Executor
     from dasktune.search import SearchAlgorithm
     from dasktune.storage import ExperimentStorage
@@ -108,8 +108,8 @@ class TuneController(TrialEvents):
         executor: runs the attempts.
         callbacks: told of everything (loggers, dashboard, the user's).
         trials: trials of a restored experiment.
-        ended_unheard: ids of restored trials whose trainable returned with no saved state
-            saying so: the searcher and scheduler are told they completed.
+        restoration: what a restore found in storage beyond the saved state (see
+            :mod:`.restore`), carried out before the first trial starts.
         save_state: writes the experiment state (``save_state(controller, wait=...)``).
         reporter: the console's progress reporter.
     """
@@ -117,7 +117,7 @@ class TuneController(TrialEvents):
     def __init__(self, plan: ExperimentPlan, search_alg: SearchAlgorithm,
                  scheduler: TrialScheduler, executor: Executor, callbacks: list[Callback],
                  *, trials: list[Trial] | None = None, save_state: Any = None,
-                 reporter: Any = None, ended_unheard: Collection[str] = ()):
+                 reporter: Any = None, restoration: Restoration | None = None):
         self.plan = plan
         tc = plan.tune_config
         self.trainable = plan.trainable
@@ -136,7 +136,7 @@ class TuneController(TrialEvents):
         self.index = TrialIndex(list(trials or []))
         self.trials = self.index.trials
         self._by_id = self.index.by_id
-        self._ended_unheard = list(ended_unheard)
+        self._restoration = restoration
         self._save_state = save_state
         self.saves = StateSaves(None if save_state is None else self._write_state)
         self.book = CheckpointBook(plan.storage, plan.checkpoint_config, self.trials,
@@ -192,13 +192,11 @@ class TuneController(TrialEvents):
         for trial in self.trials:
             if trial.status == PENDING:
                 self.scheduler.on_trial_add(self._ctx, trial)
-        for trial_id in self._ended_unheard:
-            # Its worker recorded its end, the killed driver did not: the restored
-            # searcher and scheduler still count it as running (a ConcurrencyLimiter slot).
-            trial = self._by_id[trial_id]
-            final = dict(trial.last_result)
-            self.scheduler.on_trial_complete(self._ctx, trial, final)
-            self.search_alg.on_trial_complete(trial_id, result=final)
+        if self._restoration is not None:
+            self._restoration.carry_out(
+                trials=self.trials, callbacks=self.callbacks, book=self.book,
+                scheduler=self.scheduler, search_alg=self.search_alg, context=self._ctx,
+                save=lambda: self.save(wait=True))
             self.saves.dirty = True
         try:
             while not self._finished():

@@ -211,6 +211,7 @@ class MLflowLoggerCallback(BackgroundLogger):
         self.experiment_id: str | None = None
         self._runs: dict[str, str] = {}  # trial_id -> run_id (read on the logger thread)
         self._pending: dict[str, list[Metric]] = {}  # trial_id -> metrics not sent yet
+        self._started: set[str] = set()  # trials whose run this logger started
 
     def setup(self, *args: Any, **info: Any) -> None:
         super().setup(*args, **info)
@@ -225,10 +226,13 @@ class MLflowLoggerCallback(BackgroundLogger):
 
     # ------------------------------------------------------- driver side (quick)
     def log_trial_start(self, trial: Trial) -> None:
+        self._started.add(trial.trial_id)
         config = None if self.log_params_on_trial_end else dict(trial.config)
         self.submit(self._start_run, trial.trial_id, str(trial), config)
 
     def log_trial_result(self, iteration: int, trial: Trial, result: dict[str, Any]) -> None:
+        if trial.trial_id not in self._started:  # a result a restore logs, before any start
+            self.log_trial_start(trial)
         step = result.get("timesteps_total") or result.get("training_iteration") or iteration
         now = int(time.time() * 1000)
         self._pending.setdefault(trial.trial_id, []).extend(
