@@ -441,7 +441,8 @@ class ExperimentStorage:
             os.replace(staged, dest)
         else:
             found = fs.find(staged, detail=True) if fs.exists(staged) else {}
-            files = {posixpath.relpath(p, staged): int(info.get("size") or 0)
+            root = fs._strip_protocol(staged)
+            files = {posixpath.relpath(fs._strip_protocol(p), root): int(info.get("size") or 0)
                      for p, info in found.items()}
             if files:  # an object store cannot rename: copy each file, then drop the stage
                 names = list(files)

@@ -22,8 +22,6 @@ from dasktune.checkpoint import Checkpoint
 from dasktune.layout import staged_dir_name
 
 if TYPE_CHECKING:
-    from multiprocessing.connection import Connection
-
     from dasktune.storage import ExperimentStorage
 
 __all__ = ["PreemptionInfo", "RankInfo", "RankSession", "TrainContext", "get_checkpoint",
@@ -74,7 +72,7 @@ class RankInfo:
 class RankSession:
     """One rank's view of its trial; reports travel over ``conn`` to the controller."""
 
-    def __init__(self, info: RankInfo, conn: Connection):
+    def __init__(self, info: RankInfo, conn: Any):
         self.info = info
         self._conn = conn
         self.acks: queue.Queue[tuple[Any, ...]] = queue.Queue()
@@ -82,6 +80,10 @@ class RankSession:
         self.checkpoint: Checkpoint | None = (
             Checkpoint(info.checkpoint_path, info.storage.fs) if info.checkpoint_path else None)
         self.preemption: PreemptionInfo | None = None
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        """A message to the controller (``conn`` takes sends from several threads)."""
+        self._conn.send(message)
 
     def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> None:
         if not isinstance(metrics, dict):
@@ -93,7 +95,7 @@ class RankSession:
                                     staged_dir_name(self.info.group, index))
             with checkpoint.as_directory() as local:
                 self.info.storage.stage_files(local, staged)
-        self._conn.send(("report", index, metrics, checkpoint is not None))
+        self.send(("report", index, metrics, checkpoint is not None))
         ack = self.acks.get()  # the controller's answer once every rank reported
         _, acked, path, preemption = ack
         if acked != index:
