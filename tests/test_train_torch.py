@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import tempfile
+import threading
+import time
 from typing import Any
 
 import pytest
+from conftest import wait_for
 
 import dasktune as tune
 from dasktune import train
 from dasktune.integration.ray_train import TuneReportCallback
-from dasktune.train.torch import TorchTrainer
+from dasktune.storage import MANIFEST
+from dasktune.train.torch import TorchTrainer, prepare_data_loader, prepare_model
 
 torch = pytest.importorskip("torch")
 
@@ -53,14 +58,13 @@ def loop(config: dict[str, Any]) -> None:
             start = json.load(f)["step"]
     trial_dir = ctx.get_trial_dir()
     _append(os.path.join(trial_dir, "ranks.jsonl"),
-            {"rank": rank, "pid": os.getpid(), "start": start, "world": world,
+            {"rank": rank, "pid": os.getpid(), "worker_pid": os.getppid(), "t": time.time(),
+             "start": start, "world": world,
              "local_rank": ctx.get_local_rank(), "env_rank": int(os.environ["RANK"]),
              "env_world": int(os.environ["WORLD_SIZE"])})
     for step in range(start + 1, config["steps"] + 1):
         _append(os.path.join(trial_dir, "steps.jsonl"), {"rank": rank, "step": step})
         if config.get("sleep"):
-            import time
-
             time.sleep(config["sleep"])
         checkpoint = None
         with tempfile.TemporaryDirectory() as tmp:
@@ -111,3 +115,155 @@ def test_two_two_worker_trials_report_all_reduce_and_checkpoint(cluster, tmp_pat
         ranks = read_jsonl(os.path.join(result.path, "ranks.jsonl"))
         assert sorted((r["rank"], r["world"], r["env_rank"], r["env_world"]) for r in ranks) \
             == [(0, 2, 0, 2), (1, 2, 1, 2)]
+
+
+# ------------------------------------------------------------------------------ chaos
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead and waiting for its reaper, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def _commits(trial_dir: str) -> list[tuple[float, int]]:
+    """(commit time, step) of each committed checkpoint of the trial."""
+    out = []
+    for name in os.listdir(trial_dir):
+        path = os.path.join(trial_dir, name, MANIFEST)
+        if name.startswith("checkpoint_") and os.path.exists(path):
+            with open(path) as f:
+                manifest = json.load(f)
+            out.append((manifest["committed_at"], int(manifest["result"]["step"])))
+    return sorted(out)
+
+
+def test_sigkill_of_a_rank_worker_restarts_the_group_from_the_newest_checkpoint(
+        dask_processes, connect, tmp_path):
+    procs = dask_processes(n_workers=0)
+    for _ in range(4):
+        procs.add_worker("--no-nanny", resources="CPU=1")  # the worker's pid is the process's
+    procs.wait_workers(4)
+    connect(procs.address)
+    steps, k = 14, 3
+    out: dict[str, Any] = {}
+    tuner = tune.Tuner(
+        driver, param_space={"steps": steps, "k": k, "sleep": 0.25},
+        run_config=tune.RunConfig(name="chaos", storage_path=str(tmp_path / "results"),
+                                  verbose=0))
+    thread = threading.Thread(target=lambda: out.setdefault("grid", tuner.fit()), daemon=True)
+    thread.start()
+    exp = tmp_path / "results" / "chaos"
+
+    def trial_dir() -> str | None:
+        dirs = [d for d in exp.glob("*") if d.is_dir()] if exp.exists() else []
+        return str(dirs[0]) if dirs else None
+
+    def past_a_checkpoint() -> Any:
+        d = trial_dir()
+        done = [r["step"] for r in read_jsonl(os.path.join(d, "steps.jsonl"))] if d else []
+        return d if done and max(done) >= k + 2 else None
+
+    d = wait_for(past_a_checkpoint, timeout=240, what="the group past its first checkpoint")
+    first = read_jsonl(os.path.join(d, "ranks.jsonl"))
+    rank1 = next(r for r in first if r["rank"] == 1)
+    victim = next(p for p in procs.workers if p.pid == rank1["worker_pid"])
+    killed_at = time.time()
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait(10)
+    thread.join(300)
+    assert not thread.is_alive(), "the trial did not finish"
+    grid = out["grid"]
+    assert not grid.errors, grid.errors
+    assert grid[0].metrics["step"] == steps
+
+    starts = read_jsonl(os.path.join(d, "ranks.jsonl"))
+    assert len(starts) == 4, starts  # both ranks started twice: together, once each
+    before, after = starts[:2], starts[2:]
+    assert {r["rank"] for r in before} == {r["rank"] for r in after} == {0, 1}
+    assert {r["start"] for r in before} == {0}
+    restart = after[0]["start"]
+    assert {r["start"] for r in after} == {restart}
+    # The restart took the newest checkpoint committed before it (the group commits
+    # nothing once a rank is gone, so at most the one in flight at the kill).
+    committed = [step for t, step in _commits(d) if t < min(r["t"] for r in after)]
+    assert restart == max(committed) and restart >= k
+    assert restart >= max(step for t, step in _commits(d) if t < killed_at)
+    # No step lost, none repeated beyond the checkpoint.
+    for rank in (0, 1):
+        ran = [r["step"] for r in read_jsonl(os.path.join(d, "steps.jsonl"))
+               if r["rank"] == rank]
+        cut = ran.index(restart + 1, restart) if restart + 1 in ran[restart:] else len(ran)
+        first_run, second_run = ran[:cut], ran[cut:]
+        assert first_run == list(range(1, len(first_run) + 1))
+        assert second_run == list(range(restart + 1, steps + 1))
+    reported = list(grid[0].metrics_dataframe["step"])
+    assert reported[-(steps - restart):] == list(range(restart + 1, steps + 1))
+    # No rank process left anywhere.
+    pids = [r["pid"] for r in starts]
+    wait_for(lambda: not any(_alive(p) for p in pids), timeout=30,
+             what=f"every rank process to exit ({pids})")
+
+
+# ------------------------------------------------------------------ outside Tune, DDP
+def ddp_loop(config: dict[str, Any]) -> None:
+    """A tiny DDP model trained one epoch: each rank sees its own half of the data."""
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, TensorDataset
+
+    model = prepare_model(torch.nn.Linear(2, 1))
+    data = TensorDataset(torch.arange(16.0).reshape(8, 2), torch.ones(8, 1))
+    loader = prepare_data_loader(DataLoader(data, batch_size=2, shuffle=True))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    seen = []
+    for x, y in loader:
+        seen.extend(int(v) for v in x[:, 0].tolist())
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (sorted(seen), float(sum(p.sum() for p in model.parameters()))))
+    with tempfile.TemporaryDirectory() as tmp:
+        torch.save(model.state_dict(), os.path.join(tmp, f"model{dist.get_rank()}.pt"))
+        train.report({"wrapped": type(model).__name__, "seen": [s for s, _ in everyone],
+                      "params": [p for _, p in everyone]},
+                     checkpoint=train.Checkpoint.from_directory(tmp))
+
+
+def test_fit_outside_tune_trains_a_ddp_model(cluster, tmp_path):
+    result = TorchTrainer(
+        ddp_loop, scaling_config=train.ScalingConfig(num_workers=2),
+        run_config=train.RunConfig(name="standalone", storage_path=str(tmp_path / "results")),
+    ).fit()
+    assert result.error is None
+    m = result.metrics
+    assert m["wrapped"] == "DistributedDataParallel"
+    halves = m["seen"]
+    assert len(halves[0]) == len(halves[1]) == 4
+    assert sorted(halves[0] + halves[1]) == list(range(0, 16, 2))  # each sample once
+    assert m["params"][0] == pytest.approx(m["params"][1])  # DDP kept the replicas equal
+    assert result.path.startswith(str(tmp_path / "results" / "standalone"))
+    with result.checkpoint.as_directory() as d:
+        state = torch.load(os.path.join(d, "model1.pt"))
+        assert set(state) == {"module.weight", "module.bias"}
+
+
+def failing_loop(config: dict[str, Any]) -> None:
+    ctx = train.get_context()
+    _append(os.path.join(ctx.get_trial_dir(), "ranks.jsonl"), {"rank": ctx.get_world_rank()})
+    if ctx.get_world_rank() == 1:
+        raise ValueError("rank 1 cannot go on")
+    train.report({"step": 1})
+
+
+def test_a_rank_error_retries_the_group_then_fails_fit(cluster, tmp_path):
+    trainer = TorchTrainer(
+        failing_loop, scaling_config=train.ScalingConfig(num_workers=2),
+        run_config=train.RunConfig(name="failing", storage_path=str(tmp_path / "results"),
+                                   failure_config=train.FailureConfig(max_failures=1)))
+    with pytest.raises(train.TrainingFailedError, match="rank 1 cannot go on"):
+        trainer.fit()
+    (trial,) = [d for d in (tmp_path / "results" / "failing").glob("*") if d.is_dir()]
+    starts = read_jsonl(str(trial / "ranks.jsonl"))
+    assert sorted(r["rank"] for r in starts) == [0, 0, 1, 1]  # one restart, both ranks

@@ -23,6 +23,7 @@ from dasktune.train.config import ScalingConfig, TrainingFailedError
 from dasktune.train.controller import TrainController
 from dasktune.trainable import with_resources
 from dasktune.tuner import Tuner
+from dasktune.tuner_build import ship_by_value
 
 __all__ = ["TorchConfig", "TorchTrainer"]
 
@@ -107,6 +108,7 @@ class TorchTrainer:
         def train_driver(config: dict[str, Any]) -> None:
             trainer._controller(current_session(), forward=True).run()
 
+        ship_by_value(self.train_loop_per_worker)  # the driver ships it inside itself
         rc = self.run_config
         run_config = dataclasses.replace(
             rc,
