@@ -194,7 +194,9 @@ def test_sigkill_of_a_rank_worker_restarts_the_group_from_the_newest_checkpoint(
     for rank in (0, 1):
         ran = [r["step"] for r in read_jsonl(os.path.join(d, "steps.jsonl"))
                if r["rank"] == rank]
-        cut = ran.index(restart + 1, restart) if restart + 1 in ran[restart:] else len(ran)
+        # The second run starts where the step count goes back (or, if the first run
+        # ended right at the checkpoint, right after it).
+        cut = next((i for i in range(1, len(ran)) if ran[i] <= ran[i - 1]), restart)
         first_run, second_run = ran[:cut], ran[cut:]
         assert first_run == list(range(1, len(first_run) + 1))
         assert second_run == list(range(restart + 1, steps + 1))
