@@ -88,7 +88,8 @@ class TrialActor:
         self._finished = False
         self._error: str | None = None
         # Its stop flags and the user's code (dasktune.attempt); reports come to _emit.
-        self._attempt = Attempt(spec, self._params, self._emit, cond=self._cond)
+        self._attempt = Attempt(spec, self._params, self._emit, cond=self._cond,
+                                wake=self._wake)
         self._wake_pending = False  # a wake-up is on its way to the poll
         self._end_reported = False  # a poll has told the driver this attempt ended
 
@@ -201,7 +202,9 @@ class TrialActor:
             self._acked = max(self._acked, ack)
             _drop_acked(self._buffer, ack)
             self._cond.notify_all()
-            empty = not self._buffer and not self._finished
+            gangs = self._attempt.gangs
+            empty = not self._buffer and not self._finished and \
+                not (gangs is not None and gangs.has_notes())
             if empty:
                 self._wakeup.clear()
                 self._wake_pending = False
@@ -223,7 +226,9 @@ class TrialActor:
             reply = {"reports": batch, "finished": finished,
                      "error": self._error if finished else None,
                      # A fenced attempt's end is no trial's end: the driver lost it.
-                     "fenced": self.fenced_reason if finished else None}
+                     "fenced": self.fenced_reason if finished else None,
+                     # Gang requests and releases for the driver (dasktune.gang_desk).
+                     "gangs": gangs.take_notes() if gangs is not None else []}
         if finished:
             # The reply carries the attempt's last reports (they need no ack): from here
             # the actor may take an attempt queued after the thread ended.
@@ -301,6 +306,23 @@ class TrialActor:
         Callback set ``SHOULD_CHECKPOINT`` in a result the driver saw)."""
         if self._is(attempt):
             self._attempt.checkpoint_now.set()
+
+    async def grant(self, request_id: str, gang: Any, attempt: str | None = None) -> bool:
+        """The driver granted the gang request ``request_id``: False if the attempt or
+        the request is gone (the executor then takes the slots back)."""
+        gangs = self._attempt.gangs
+        return self._is(attempt) and gangs is not None and gangs.grant(request_id, gang)
+
+    async def refuse_gang(self, request_id: str, why: str, attempt: str | None = None) -> None:
+        """The gang request can never be met: the trial's ``reserve_workers`` raises."""
+        if self._is(attempt) and self._attempt.gangs is not None:
+            self._attempt.gangs.refuse(request_id, why)
+
+    async def gang_lost(self, gang_id: str, workers: list[str],
+                        attempt: str | None = None) -> None:
+        """Workers of the attempt's gang ``gang_id`` left the cluster."""
+        if self._is(attempt) and self._attempt.gangs is not None:
+            self._attempt.gangs.mark_lost(gang_id, workers)
 
     async def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from dasktune import scratch
 from dasktune.checkpoint import Checkpoint
+from dasktune.gang_desk import GangDesk
 from dasktune.result import SHOULD_CHECKPOINT
 from dasktune.session import StopTrial, TrialSession, bind_session
 from dasktune.trainable import is_class_trainable, run_function
@@ -57,10 +58,13 @@ class Attempt:
         params: ``tune.with_parameters`` values.
         emit: takes each report (may block: the caller's back-pressure).
         cond: notified when a flag changes, for an ``emit`` that waits on it.
+        wake: wakes whoever relays the attempt's gang requests to the driver (the
+            trial actor's poll); without it the trial cannot reserve workers.
     """
 
     def __init__(self, spec: TrialSpec, params: dict[str, Any], emit: Emit,
-                 cond: threading.Condition | None = None):
+                 cond: threading.Condition | None = None,
+                 wake: Callable[[], None] | None = None):
         self.spec = spec
         self.params = params
         self.emit = emit
@@ -72,6 +76,7 @@ class Attempt:
         self.fenced_reason: str | None = None
         self.stop_after_checkpoint = threading.Event()
         self.checkpoint_now = threading.Event()  # a driver-side request (Callback)
+        self.gangs = GangDesk(wake, self.stop_now, spec.gang) if wake is not None else None
 
     # ------------------------------------------------------------ flags
     def request_stop(self, after_checkpoint: bool = False) -> None:
@@ -101,7 +106,7 @@ class Attempt:
         class trainable's instance to keep for the next trial (``reuse_actors``): ``kept``
         is offered to this one through ``reset_config``."""
         session = TrialSession(self.spec, self.emit, self.should_stop, worker_address,
-                               fenced=self.fenced.is_set)
+                               fenced=self.fenced.is_set, gangs=self.gangs)
         bind_session(session)
         error, keep = None, None
         # The trial ended by itself: the function returned, or a result said done (its
@@ -129,6 +134,8 @@ class Attempt:
                            self.spec.trial_id, exc_info=True)
         finally:
             bind_session(None)
+            if self.gangs is not None:
+                self.gangs.close()
             session.close(failed=error is not None)
         return error, keep
 

@@ -1,5 +1,13 @@
 """``tune.report``, ``tune.get_checkpoint``, ``tune.get_context`` inside a running trial.
 
+Also the trial's gang reservations (:func:`reserve_workers`, :func:`release_workers`,
+:func:`gang_lost`, :func:`wait_gang_lost`): several worker processes for one trial, all
+or none, granted by the driver (the desk between the trial and its actor is
+:mod:`dasktune.gang_desk`). The agreement with ``dasktune.train`` is in GANG_API.md:
+a lost gang worker does not lose the trial -- the gang's slots are given back and
+:func:`gang_lost` names the dead workers, for the trainer to restart its group on a
+fresh gang; the trial is lost (and its gangs released) when its own worker dies.
+
 Each running trial has one :class:`TrialSession`, bound to the thread that runs the
 user's code. A report fills Ray's auto fields, commits its checkpoint to storage
 (``report`` returns only once it is committed), applies the ``stop`` dict locally so
@@ -21,11 +29,14 @@ from typing import TYPE_CHECKING, Any
 
 from dasktune import scratch
 from dasktune.checkpoint import Checkpoint
+from dasktune.execution.protocol import WorkerGang
+from dasktune.gang_desk import GangStopped
 from dasktune.layout import checkpoint_index
 from dasktune.result import fill_auto_fields, format_date, reported_keys
 from dasktune.storage import CommitFenced
 
 if TYPE_CHECKING:
+    from dasktune.gang_desk import GangDesk
     from dasktune.storage import ExperimentStorage
 
 logger = logging.getLogger(__name__)
@@ -71,6 +82,9 @@ class TrialSpec:
     # A class trainable's instance stays in the actor for the next trial, which gets it
     # through reset_config (TuneConfig.reuse_actors).
     reuse_instance: bool = False
+    # Workers the driver reserved with the attempt (it learnt the experiment's gang
+    # shape): the first reserve_workers() asking for that shape gets them at once.
+    gang: WorkerGang | None = None
 
 
 class TrialSession:
@@ -78,8 +92,9 @@ class TrialSession:
 
     def __init__(self, spec: TrialSpec, emit: Callable[[dict[str, Any], str | None], None],
                  should_stop: Callable[..., bool], worker_address: str = "",
-                 fenced: Callable[[], bool] | None = None):
+                 fenced: Callable[[], bool] | None = None, gangs: GangDesk | None = None):
         self.spec = spec
+        self._gangs = gangs  # None where gangs cannot be asked for (an isolated child)
         self._emit = emit
         self._should_stop = should_stop
         self._fenced = fenced  # whether no driver will ever collect this attempt
@@ -240,6 +255,33 @@ class TrialSession:
             self.local_dir = scratch.mkdtemp(f"dasktune-{self.spec.trial_id}-")
         return self.local_dir
 
+    # ------------------------------------------------------------ gangs
+    def _desk(self) -> GangDesk:
+        if self._gangs is None:
+            raise RuntimeError("reserve_workers() is not available in a trial that runs in a "
+                               "process of its own (GPU trials, dasktune.executor.isolate)")
+        return self._gangs
+
+    def reserve_workers(self, bundles: list[dict[str, float]], strategy: str = "PACK",
+                        timeout: float | None = None) -> WorkerGang:
+        """Reserve a distinct worker per bundle, all or none (see :func:`reserve_workers`)."""
+        try:
+            return self._desk().reserve(bundles, strategy, timeout)
+        except GangStopped:
+            raise StopTrial() from None
+
+    def release_workers(self, gang: WorkerGang) -> None:
+        """Give ``gang``'s slots back (idempotent)."""
+        self._desk().release(gang)
+
+    def gang_lost(self, gang: WorkerGang) -> list[str]:
+        """The workers of ``gang`` that were lost ([] while it is whole)."""
+        return self._desk().lost(gang)
+
+    def wait_gang_lost(self, gang: WorkerGang, timeout: float | None = None) -> list[str]:
+        """Wait up to ``timeout`` s for a worker of ``gang`` to be lost; :meth:`gang_lost`."""
+        return self._desk().wait_lost(gang, timeout)
+
     def at_end(self, fn: Callable[[bool], None]) -> None:
         """Call ``fn(failed)`` in the trial's thread when this attempt ends."""
         self._at_end.append(fn)
@@ -337,6 +379,48 @@ def at_attempt_end(fn: Callable[[bool], None]) -> None:
     if session is None:
         raise RuntimeError("at_attempt_end() was called outside of a dasktune trial")
     session.at_end(fn)
+
+
+def _gang_session(what: str) -> TrialSession:
+    session = _current(what)
+    if session is None:
+        raise RuntimeError(f"{what}() was called outside of a dasktune trial")
+    return session
+
+
+def reserve_workers(bundles: list[dict[str, float]], strategy: str = "PACK",
+                    timeout: float | None = None) -> WorkerGang:
+    """Reserve a worker process per bundle for the running trial, all or none.
+
+    Blocks until the driver granted every bundle (waiting its turn: requests are served
+    first come, first served, and the trial's own slot is lent to the cluster while it
+    waits). ``strategy`` is Ray's: ``PACK``/``STRICT_PACK`` (same host preferred /
+    required), ``SPREAD``/``STRICT_SPREAD`` (distinct hosts preferred / required);
+    every bundle gets a worker process of its own. The slots are the trial's until
+    :func:`release_workers` or the attempt's end.
+
+    Raises:
+        ValueError: at once, if the cluster can never offer the bundles.
+        TimeoutError: when ``timeout`` s passed first.
+        RuntimeError: outside a trial.
+    """
+    return _gang_session("reserve_workers").reserve_workers(bundles, strategy, timeout)
+
+
+def release_workers(gang: WorkerGang) -> None:
+    """Give the slots of ``gang`` back (idempotent; also done when the attempt ends)."""
+    _gang_session("release_workers").release_workers(gang)
+
+
+def gang_lost(gang: WorkerGang) -> list[str]:
+    """The workers of ``gang`` that left the cluster ([] while it is whole). A lost gang's
+    slots are free again: stop its ranks and reserve a fresh gang."""
+    return _gang_session("gang_lost").gang_lost(gang)
+
+
+def wait_gang_lost(gang: WorkerGang, timeout: float | None = None) -> list[str]:
+    """Block up to ``timeout`` s until a worker of ``gang`` is lost; as :func:`gang_lost`."""
+    return _gang_session("wait_gang_lost").wait_gang_lost(gang, timeout)
 
 
 class TrialResources(dict):

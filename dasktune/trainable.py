@@ -254,9 +254,13 @@ def with_parameters(trainable: Any, **kwargs: Any) -> _WithParameters:
 def with_resources(trainable: Any, resources: Mapping[str, float] | Callable[..., Any]
                    ) -> _WithResources:
     """Ask for resources per trial: ``{"cpu": 2, "gpu": 1}``, custom Dask resource tags,
-    or a callable ``config -> dict`` for per-trial requests."""
-    if not (isinstance(resources, Mapping) or callable(resources)):
-        raise TypeError("with_resources: resources must be a dict or a callable config -> dict")
+    a callable ``config -> dict`` for per-trial requests, or an object with
+    ``as_placement_group_factory()`` (``dasktune.train.ScalingConfig``): its bundle 0 is
+    the trial's own, bundles 1.. the workers reserved with each trial (a gang)."""
+    if not (isinstance(resources, Mapping) or callable(resources) or
+            hasattr(resources, "as_placement_group_factory")):
+        raise TypeError("with_resources: resources must be a dict, a callable config -> dict "
+                        "or a ScalingConfig")
     return _WithResources(trainable, resources)
 
 

@@ -53,6 +53,10 @@ class Placement:
     start: float
     end: float | None = None
     outcome: str | None = None  # "done", "error", "lost", "paused", "stopped"
+    # The workers of the gang the attempt holds (dasktune.session.reserve_workers), in
+    # rank order, and since when; [] without one.
+    gang: list[str] = field(default_factory=list)
+    gang_start: float | None = None
 
 
 @dataclass

@@ -17,6 +17,7 @@ from typing import Any
 
 from dasktune import experiment, registry, tuner_build
 from dasktune.config import RunConfig, TuneConfig
+from dasktune.driver.gang_queue import split_gang_request
 from dasktune.results import ResultGrid
 from dasktune.space import leaves, path_str, validate_param_space
 from dasktune.storage import ExperimentStorage
@@ -134,6 +135,7 @@ class Tuner:
             params=params,
             can_scale=tuner_build.cluster_can_scale(cluster, client),
             name_trial=lambda trial: tuner_build.apply_name_creators(trial, tc),
+            gang_shape=split_gang_request(unwrap(self._trainable)[2])[1],
         )
         controller = TuneController(plan, search_alg, scheduler, executor, callbacks,
                                     trials=trials, save_state=state_writer,
@@ -228,6 +230,7 @@ class Tuner:
         core, _, request = unwrap(self._trainable)
         if request is None and is_class_trainable(core):
             request = core.default_resource_request
+        request, _ = split_gang_request(request)
 
         def resources_for(config: dict[str, Any]) -> dict[str, float]:
             req = request(config) if callable(request) else request

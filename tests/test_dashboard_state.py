@@ -260,3 +260,29 @@ def test_plugin_settings_travel_to_the_scheduler():
     assert (clone.max_points, clone.max_experiment_points) == (50, 500)
     with pytest.raises(ValueError, match="max_experiment_points"):
         DasktuneDashboardPlugin(max_points=50, max_experiment_points=10)
+
+
+def test_a_trial_holding_a_gang_shows_it_in_its_row_and_on_the_gantt_chart():
+    from dasktune.dashboard._components import TrialTable
+    from dasktune.dashboard._gantt import PlacementGantt
+    from dasktune.dashboard._state import ExperimentView
+
+    trial = Trial("g1", {})
+    trial.set_status("RUNNING")
+    trial.placements.append(Placement(1, "tcp://10.0.0.1:1", "h1", 10.0, gang=[
+        "tcp://10.0.0.2:1", "tcp://10.0.0.3:1"], gang_start=11.0))
+    record = trial_record(trial, None, None)
+    assert record["gang_workers"] == 2
+    assert record["placements"][0]["gang"] == ["tcp://10.0.0.2:1", "tcp://10.0.0.3:1"]
+    view = ExperimentView("e", info={"end_time": 20.0}, trials={"g1": record})
+    gantt = PlacementGantt()
+    gantt.update(view, now=20.0)
+    data = gantt.source.data
+    bars = sorted(zip(data["worker"], data["outcome"], data["left"], data["line_dash"]))
+    assert [(w, o) for w, o, _, _ in bars] == [
+        ("10.0.0.1:1", "running"), ("10.0.0.2:1", "gang rank 0"), ("10.0.0.3:1", "gang rank 1")]
+    assert [left for _, o, left, _ in bars if o.startswith("gang")] == [11000.0, 11000.0]
+    assert [d for _, o, _, d in bars if o.startswith("gang")] == ["dotted", "dotted"]
+    table = TrialTable()
+    table.update(view, now=20.0)
+    assert table.source.data["worker"] == ["10.0.0.1:1 +2 workers"]

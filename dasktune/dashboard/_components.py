@@ -49,6 +49,13 @@ def trial_colors(view: ExperimentView) -> dict[str, str]:
     return {tid: PALETTE[i % len(PALETTE)] for i, tid in enumerate(view.trials)}
 
 
+def worker_cell(record: dict[str, Any]) -> str:
+    """A trial row's worker, and the size of the gang it holds: ``host:port +2 workers``."""
+    cell = short_worker(record.get("worker"))
+    n = record.get("gang_workers") or 0
+    return f"{cell} +{n} worker{'s' if n != 1 else ''}" if n else cell
+
+
 def short_worker(address: Any) -> str:
     text = "" if address is None else str(address)
     return text.split("://", 1)[-1]
@@ -213,7 +220,7 @@ class TrialTable(DashboardComponent):
             "iteration": [num(r.get("iteration")) for r in records],
             "last": [num(r.get("last")) for r in records],
             "best": [num(r.get("best")) for r in records],
-            "worker": [short_worker(r.get("worker")) for r in records],
+            "worker": [worker_cell(r) for r in records],
             "host": [r.get("host") or "" for r in records],
             "restarts": [num(r.get("restarts")) for r in records],
         }

@@ -68,6 +68,9 @@ def row_name(worker: str, lane: int) -> str:
 class PlacementGantt(DashboardComponent):
     """Which worker ran which trial when; an attempt cut short by a lost worker is red.
 
+    A trial holding a gang of workers shows a dotted bar on each gang worker too
+    (outcome ``gang rank N``), from the grant to the attempt's end.
+
     Rows are a worker's lanes: a worker running several trials at once gets one lane per
     concurrent attempt, so a trial that moved after a lost worker shows on both.
     """
@@ -121,6 +124,10 @@ class PlacementGantt(DashboardComponent):
                 end = p["end"] if p.get("end") is not None else end_of_run
                 outcome = p.get("outcome") or ("running" if p.get("end") is None else "?")
                 bars.append((short_worker(p.get("worker")), p["start"], end, tid, p, outcome))
+                # The trial's gang: one bar per rank on its worker, from the grant on.
+                since = p.get("gang_start") or p["start"]
+                for rank, worker in enumerate(p.get("gang") or []):
+                    bars.append((short_worker(worker), since, end, tid, p, f"gang rank {rank}"))
         bars.sort(key=lambda b: (b[0], b[1]))
         data: dict[str, list[Any]] = {c: [] for c in self.COLUMNS}
         factors: list[str] = []
@@ -139,7 +146,8 @@ class PlacementGantt(DashboardComponent):
                 data["host"].append(p.get("host") or "")
                 data["color"].append(colors[tid])
                 data["line_color"].append(OUTCOME_LINE.get(outcome, colors[tid]))
-                data["line_dash"].append("dashed" if outcome in ("stopped", "paused") else "solid")
+                data["line_dash"].append("dashed" if outcome in ("stopped", "paused") else
+                                         "dotted" if outcome.startswith("gang") else "solid")
                 data["hatch"].append("/" if outcome == "lost" else " ")
         factors = factors or self.EMPTY
         if list(self.root.y_range.factors) != factors:

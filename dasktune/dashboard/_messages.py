@@ -102,6 +102,9 @@ def trial_record(trial: Trial, metric: str | None, mode: str | None) -> dict[str
             "start": finite_number(p.start),
             "end": finite_number(p.end),
             "outcome": p.outcome,
+            # The workers of the attempt's gang (several workers for one trial), rank order.
+            "gang": [str(w) for w in p.gang],
+            "gang_start": finite_number(p.gang_start),
         }
         for p in trial.placements
     ]
@@ -116,6 +119,7 @@ def trial_record(trial: Trial, metric: str | None, mode: str | None) -> dict[str
         "best": best,
         "worker": current.get("worker"),
         "host": current.get("host"),
+        "gang_workers": len(current.get("gang") or []),
         "restarts": int(trial.num_restarts),
         "failures": int(trial.num_failures),
         "stop_reason": trial.stop_reason,

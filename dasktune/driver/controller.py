@@ -24,6 +24,7 @@ from dasktune.callback import Callback, CallbackList
 from dasktune.driver.checkpoint_book import CheckpointBook
 from dasktune.driver.decisions import Winding
 from dasktune.driver.failure_policy import FailurePolicy
+from dasktune.driver.gang_queue import GangQueue, note_gang
 from dasktune.driver.queue_ahead import QueueLines
 from dasktune.driver.state_saves import StateSaves
 from dasktune.driver.trial_events import TrialEvents
@@ -162,8 +163,12 @@ class TuneController(TrialEvents):
         # Queue-ahead lines only where asking the searcher early costs nothing and the
         # FIFO scheduler's choice is "the next trial"; an elastic cluster should grow
         # for a waiting trial instead.
+        # Trials that ask for gangs of workers, and the experiment's gang shape.
+        self.gangs = GangQueue(executor, plan.gang_shape)
+        # A queued attempt starts with no gang reserved: not for gang trials.
         self._queue_next = bool(_dask_config.get("executor.queue-next")) and fifo and \
-            not plan.can_scale and suggests_ahead and executor.can_queue
+            not plan.can_scale and suggests_ahead and executor.can_queue and \
+            plan.gang_shape is None
         self.lines = QueueLines(executor, self._by_id, lambda tid: tid in self._winding,
                                 self._successor_candidate, self._spec_for,
                                 self._no_longer_waiting)
@@ -281,6 +286,8 @@ class TuneController(TrialEvents):
         while self.index.count(PENDING) < self._max_pending and \
                 not self.search_alg.is_finished() and self._new_trial():
             pass
+        if self.gangs.waiting and self.gangs.grant_waiting():
+            return 0  # first come, first served: no new trial takes what a gang waits for
         limit = self.plan.tune_config.max_concurrent_trials
         while limit is None or self.executor.num_running < limit:
             trial = self._choose_trial_to_run()
@@ -346,7 +353,12 @@ class TuneController(TrialEvents):
         return True
 
     def _try_start(self, trial: Trial) -> bool:
-        worker = self.executor.place(trial.resources)
+        group = None
+        if self.gangs.shape is not None:  # the trial with its gang, all or none
+            group = self.gangs.place(trial)
+            worker = group[0] if group else None
+        else:
+            worker = self.executor.place(trial.resources)
         if worker is None:
             self._cannot_place(trial)
             return False
@@ -357,10 +369,13 @@ class TuneController(TrialEvents):
         spec = self._spec_for(trial)
         # A restart continues the iteration count of its checkpoint, or restarts at 0.
         self._set_status(trial, RUNNING)
+        if group is not None:
+            spec.gang = self.gangs.start_group(trial, group[1:])
         self.executor.start(spec, trial.resources, worker, self.plan.params)
         host = self.executor.workers().get(worker, {}).get("host", "")
         trial.placements.append(Placement(attempt=trial.attempt, worker=worker, host=host,
                                           start=time.time()))
+        note_gang(trial, spec.gang)
         if was_paused:
             hook = getattr(self.search_alg, "on_trial_unpause", None)
             if hook is not None:
@@ -372,7 +387,8 @@ class TuneController(TrialEvents):
         """No worker can take ``trial`` now: say why, show an elastic cluster the demand,
         and give up (an error) if it can never be placed or no worker comes."""
         can_scale = self.plan.can_scale
-        why = self.executor.can_ever_fit(trial.resources)
+        why = self.executor.can_ever_fit(trial.resources) if self.gangs.shape is None \
+            else self.gangs.never_fits(trial)
         if why is not None and not can_scale:
             raise ValueError(f"trial {trial.trial_id} can never be placed: {why}")
         if not self.executor.workers():

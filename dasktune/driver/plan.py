@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from dasktune.config import CheckpointConfig, FailureConfig, TuneConfig
+    from dasktune.driver.gang_queue import GangShape
     from dasktune.stopper import Stopper
     from dasktune.storage import ExperimentStorage
     from dasktune.trial import Trial
@@ -35,6 +36,8 @@ class ExperimentPlan:
         params: ``tune.with_parameters`` values, as futures on the cluster.
         can_scale: the cluster can grow for waiting trials (placement never refuses).
         name_trial: sets a new trial's custom names (``trial_name_creator``, ...).
+        gang_shape: the workers each trial asks for besides its own slot, declared up
+            front (``tune.with_resources(fn, ScalingConfig(...))``); reserved with it.
     """
 
     trainable: Any
@@ -49,3 +52,4 @@ class ExperimentPlan:
     params: dict[str, Any] = field(default_factory=dict)
     can_scale: bool = False
     name_trial: Callable[[Trial], None] | None = None
+    gang_shape: GangShape | None = None

@@ -18,6 +18,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from dasktune.driver.decisions import Continue, Pause, Stop, Verdict, Winding, decide
+from dasktune.driver.gang_queue import note_gang
 from dasktune.execution import EventKind, ExecEvent, Report
 from dasktune.result import AUTO_RESULT_KEYS, EARLY_STOPPED, SHOULD_CHECKPOINT, reported_keys
 from dasktune.results import TuneError
@@ -33,6 +34,8 @@ __all__ = ["TrialEvents"]
 logger = logging.getLogger(__name__)
 
 _ATTEMPT_ENDS = (EventKind.FINISHED, EventKind.LOST, EventKind.START_FAILED)
+_GANG_EVENTS = (EventKind.WORKERS_WANTED, EventKind.WORKERS_WITHDRAWN,
+                EventKind.WORKERS_RELEASED, EventKind.GANG_LOST)
 # Windings that end in PAUSED.
 _PAUSED_BY = (Winding.PAUSING, Winding.RECONFIGURING)
 
@@ -58,6 +61,9 @@ class TrialEvents:
             logger.debug("dropping %s from stale attempt %s of %s", kind.value, event.attempt,
                          event.trial_id)
             return
+        if kind in _GANG_EVENTS:
+            self._on_gang_event(trial, event)
+            return
         if kind is EventKind.UNQUEUED:
             ahead = self.lines.on_unqueued(trial.trial_id)
             if ahead is not None and self._queue_next:
@@ -66,6 +72,7 @@ class TrialEvents:
             return
         if kind in _ATTEMPT_ENDS:
             self.lines.on_ended(trial.trial_id)
+            self.gangs.withdraw(trial.trial_id)
         if kind is EventKind.STARTED:
             self._on_started(trial, event)
         elif kind is EventKind.REPORTS or kind is EventKind.FINISHED:
@@ -78,6 +85,22 @@ class TrialEvents:
             self._end_placement(trial, "error")
             self.executor.release(trial.trial_id)
             self._on_user_error(trial, event.error or "trial actor failed to start")
+
+    def _on_gang_event(self: TuneController, trial: Trial, event: ExecEvent) -> None:
+        """A trial's gang request, withdrawal or release, or a gang worker lost."""
+        kind = event.kind
+        if kind is EventKind.WORKERS_WANTED and event.request is not None:
+            if self.gangs.want(trial, event.request) and self._queue_next:
+                self._queue_next = False  # a queued attempt would start without its gang
+                self.lines.unqueue_all()
+        elif kind is EventKind.WORKERS_WITHDRAWN and event.request is not None:
+            self.gangs.withdraw(trial.trial_id, event.request.request_id)
+        else:
+            if kind is EventKind.GANG_LOST:
+                logger.info("trial %s: %s; it runs on and may reserve a fresh gang",
+                            trial.trial_id, event.error)
+            note_gang(trial, None)
+        self.saves.dirty = True
 
     def _on_started(self: TuneController, trial: Trial, event: ExecEvent) -> None:
         if trial.trial_id in self.lines.queued:

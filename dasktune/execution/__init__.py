@@ -11,6 +11,13 @@ implementations are imported by whoever builds an experiment:
   clock.
 """
 
-from dasktune.execution.protocol import EventKind, ExecEvent, Executor, Report
+from dasktune.execution.protocol import (
+    EventKind,
+    ExecEvent,
+    Executor,
+    GangRequest,
+    Report,
+    WorkerGang,
+)
 
-__all__ = ["EventKind", "ExecEvent", "Executor", "Report"]
+__all__ = ["EventKind", "ExecEvent", "Executor", "GangRequest", "Report", "WorkerGang"]

@@ -5,14 +5,19 @@ being created, so two ``GPU=1`` actors could land on one ``GPU=1`` worker. daskt
 therefore accounts for the resources of its live attempts itself (here) and pins each
 actor to the worker :meth:`ResourceLedger.place` chose. Pure bookkeeping: the worker
 list comes from a function the executor passes in, so nothing here speaks Dask.
+
+Gangs (a trial's several worker slots, all or none) are placed here too
+(:meth:`ResourceLedger.place_gang`, the strategies in :mod:`.gang_placement`) and
+counted under the gang's id like an attempt under its trial's.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from dasktune.execution.gang_placement import most_free, place_group
 from dasktune.resources import GPUAllocator, format_resources, worker_capacity, worker_devices
 
 __all__ = ["ResourceLedger"]
@@ -85,26 +90,71 @@ class ResourceLedger:
         return (f"no worker offers {format_resources(resources)} "
                 f"(short of {', '.join(missing)}); workers offer: {offers}")
 
+    def _eligible(self) -> list[str]:
+        """The workers new work may go to now (sorted)."""
+        now = time.monotonic()
+        return [addr for addr in sorted(self.workers())
+                if addr not in self.retiring and addr not in self.gone and
+                addr not in self.excluded and self._suspect.get(addr, 0.0) <= now]
+
+    def _gpus_fit(self, addr: str, resources: Mapping[str, float]) -> bool:
+        gpus = resources.get("GPU", 0.0)
+        if not gpus:
+            return True
+        alloc = self._gpu_alloc(addr)
+        if alloc.allocate("__probe__", gpus, self._devices(addr)) is None:
+            return False
+        alloc.release("__probe__")
+        return True
+
     def place(self, resources: dict[str, float]) -> str | None:
         """The worker with the most free CPU that fits ``resources`` now, or None."""
-        best, best_cpu = None, -1.0
-        now = time.monotonic()
-        for addr in sorted(self.workers()):
-            if addr in self.retiring or addr in self.gone or addr in self.excluded or \
-                    self._suspect.get(addr, 0.0) > now:
-                continue
-            free = self.free(addr)
-            if all(free.get(k, 0.0) >= v - 1e-9 for k, v in resources.items() if v > 0):
-                gpus = resources.get("GPU", 0.0)
-                if gpus:
-                    alloc = self._gpu_alloc(addr)
-                    if alloc.allocate("__probe__", gpus, self._devices(addr)) is None:
-                        continue
-                    alloc.release("__probe__")
-                cpu = free.get("CPU", 0.0) - resources.get("CPU", 0.0)
-                if cpu > best_cpu:
-                    best, best_cpu = addr, cpu
-        return best
+        free = {addr: self.free(addr) for addr in self._eligible()}
+        return most_free(free, resources, self._gpus_fit)
+
+    # ------------------------------------------------------------ gangs
+    def place_gang(self, bundles: Sequence[Mapping[str, float]], strategy: str = "PACK",
+                   head: Mapping[str, float] | None = None,
+                   head_worker: str | None = None) -> list[str] | None:
+        """A distinct worker per bundle that fits it now, by ``strategy``, or None: all
+        or none. With ``head`` (the trial's own request), the first address is a worker
+        that holds the head too -- ``head_worker`` if given (where the trial runs)."""
+        eligible = self._eligible()
+        free = {addr: self.free(addr) for addr in eligible}
+        hosts = {addr: str(self.workers().get(addr, {}).get("host", addr)) for addr in eligible}
+        if head_worker is not None and head_worker not in free:
+            return None
+        return place_group(bundles, strategy, free, hosts, head, head_worker, self._gpus_fit)
+
+    def can_ever_fit_gang(self, bundles: Sequence[Mapping[str, float]], strategy: str = "PACK",
+                          head: Mapping[str, float] | None = None) -> str | None:
+        """None if the live workers, idle, could hold ``bundles`` (and ``head``) by
+        ``strategy``; else why not, naming what the workers offer."""
+        caps = {addr: cap for addr, cap in self.capacities().items()
+                if addr not in self.gone and addr not in self.excluded}
+        if not caps:
+            return None  # no workers yet: an elastic cluster may add some
+        hosts = {addr: str(self.workers()[addr].get("host", addr)) for addr in caps}
+        if place_group(bundles, strategy, caps, hosts, head, None, None) is not None:
+            return None
+        offers = "; ".join(f"{addr}: {format_resources(c)}" for addr, c in sorted(caps.items()))
+        each = sorted({format_resources(b) for b in bundles})
+        spread = " on distinct hosts" if strategy == "STRICT_SPREAD" else \
+            " on one host" if strategy == "STRICT_PACK" else ""
+        with_head = f" beside the trial's own {format_resources(head)}" if head else ""
+        return (f"no {len(bundles)} distinct workers{spread} offer {' / '.join(each)} "
+                f"each{with_head} ({strategy}); workers offer: {offers}")
+
+    def take_gang(self, gang_id: str, workers: Sequence[str],
+                  bundles: Sequence[Mapping[str, float]]) -> list[list[str]]:
+        """Count each bundle on its worker under ``gang_id``; the GPU ids of each."""
+        return [self.take(addr, gang_id, dict(b)) for addr, b in zip(workers, bundles)]
+
+    def give_back_gang(self, gang_id: str, workers: Sequence[str],
+                       bundles: Sequence[Mapping[str, float]]) -> None:
+        """Undo :meth:`take_gang`."""
+        for addr, b in zip(workers, bundles):
+            self.give_back(addr, gang_id, dict(b))
 
     # ------------------------------------------------------------ accounting
     def take(self, addr: str, trial_id: str, resources: dict[str, float]) -> list[str]:
@@ -135,3 +185,4 @@ class ResourceLedger:
     def _devices(self, addr: str) -> list[str]:
         info = self.workers().get(addr, {})
         return worker_devices(worker_capacity(info).get("GPU", 0.0))
+

@@ -9,6 +9,12 @@ conformance test (``tests/test_executor_conformance.py``).
 What an executor tells the driver comes back from :meth:`Executor.events` as
 :class:`ExecEvent` values of a few :class:`EventKind`\\ s; a trial's reports travel in them
 as :class:`Report` values. Threading: every method is called from the driver's thread.
+
+Gangs (trials that span several workers): a trial asks for worker bundles with
+``dasktune.session.reserve_workers``; the request reaches the driver as a
+WORKERS_WANTED event carrying a :class:`GangRequest`, the driver decides when (FIFO over
+waiting requests) and where (:meth:`Executor.place_gang`), and the executor grants it
+(:meth:`Executor.grant_workers`): the trial's call returns a :class:`WorkerGang`.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from dasktune.session import TrialSpec
 
-__all__ = ["EventKind", "ExecEvent", "Executor", "Report"]
+__all__ = ["EventKind", "ExecEvent", "Executor", "GangRequest", "Report", "WorkerGang"]
 
 
 class EventKind(enum.Enum):
@@ -35,6 +41,10 @@ class EventKind(enum.Enum):
     WORKER_LOST = "worker_lost"  #: ``worker`` left the cluster
     WORKER_RETIRING = "worker_retiring"  #: ``worker`` is closing: move its trials
     WORKER_ADDED = "worker_added"  #: ``worker`` joined: waiting trials may be placed
+    WORKERS_WANTED = "workers_wanted"  #: the attempt waits for the gang ``request``
+    WORKERS_WITHDRAWN = "workers_withdrawn"  #: it waits no more for ``request`` (timeout)
+    WORKERS_RELEASED = "workers_released"  #: the gang ``gang_id``'s slots are free again
+    GANG_LOST = "gang_lost"  #: ``worker`` of the attempt's gang ``gang_id`` is gone
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +61,32 @@ class Report:
     checkpoint: str | None
 
 
+@dataclass(frozen=True)
+class WorkerGang:
+    """Worker slots granted to one trial together (all or none), one per bundle.
+
+    ``workers[i]`` is the Dask worker address of bundle ``i`` (rank ``i``), ``hosts[i]``
+    its host and ``devices[i]`` the GPU ids it was given (as a single-GPU trial gets
+    them; ``[]`` without GPUs). Every bundle has a worker process of its own.
+    """
+
+    gang_id: str
+    workers: list[str]
+    hosts: list[str]
+    devices: list[list[str]]
+    bundles: list[dict[str, float]] = field(default_factory=list)
+    strategy: str = "PACK"
+
+
+@dataclass(frozen=True)
+class GangRequest:
+    """A trial's wish for worker bundles (Ray's placement-group strategies)."""
+
+    request_id: str
+    bundles: list[dict[str, float]]
+    strategy: str = "PACK"
+
+
 @dataclass
 class ExecEvent:
     """Something that happened to one attempt of one trial, or to one worker."""
@@ -62,6 +98,8 @@ class ExecEvent:
     error: str | None = None
     worker: str = ""
     host: str = ""
+    request: GangRequest | None = None  # WORKERS_WANTED, WORKERS_WITHDRAWN
+    gang_id: str = ""  # WORKERS_RELEASED, GANG_LOST
 
 
 @runtime_checkable
@@ -125,6 +163,29 @@ class Executor(Protocol):
 
     def withdraw(self, trial_id: str) -> None:
         """``trial_id`` waits no more (idempotent)."""
+
+    def can_ever_fit_gang(self, bundles: list[dict[str, float]], strategy: str = "PACK",
+                          head: dict[str, float] | None = None) -> str | None:
+        """None if an idle cluster could hold ``bundles`` (with a ``head`` anywhere), else why."""
+
+    def place_gang(self, bundles: list[dict[str, float]], strategy: str = "PACK",
+                   head: dict[str, float] | None = None,
+                   head_worker: str | None = None) -> list[str] | None:
+        """A worker per bundle that can hold it now, all distinct, or None (all or none).
+        With ``head``, the first address is where the head fits too (``head_worker``:
+        it must fit there, where its attempt runs)."""
+
+    def grant_workers(self, trial_id: str, bundles: list[dict[str, float]], strategy: str,
+                      workers: list[str], request_id: str = "") -> WorkerGang:
+        """Take ``workers`` (from :meth:`place_gang`) for ``trial_id``'s gang; with
+        ``request_id``, hand it to the trial's waiting request (its head counts again);
+        without, it is reserved for an attempt about to start (``TrialSpec.gang``)."""
+
+    def refuse_workers(self, trial_id: str, request_id: str, why: str) -> None:
+        """The request can never be met: the trial's ``reserve_workers`` raises ValueError."""
+
+    def release_gang(self, gang_id: str) -> None:
+        """Give a gang's slots back (idempotent); the attempt's end releases its gangs."""
 
     def events(self, timeout: float) -> list[ExecEvent]:
         """Every event so far, waiting up to ``timeout`` s for the first."""

@@ -19,7 +19,7 @@ written, and deleting them (checkpoint retention) is harmless.
 :func:`dasktune.simulator.run_simulated` runs an experiment on it.
 
 Over ~400 lines because it is a whole executor: placement over thousands of workers (a
-heap by free CPU), the event clock, and each trial's reports, which all share ``_SimRun``.
+heap by free CPU, gangs), the event clock, and each trial's reports, which all share ``_SimRun``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dasktune.attempt import checkpoint_due
-from dasktune.execution.protocol import EventKind, ExecEvent, Report
+from dasktune.execution.gang_placement import place_group
+from dasktune.execution.protocol import EventKind, ExecEvent, Report, WorkerGang
 from dasktune.layout import checkpoint_dir_name
 from dasktune.result import fill_auto_fields
 from dasktune.session import stop_dict_hit
@@ -140,6 +141,7 @@ class SimulatedExecutor:
         # donor's checkpoint (PBT) finds no manifest on storage, since nothing is written.
         self._ckpt_meta: dict[str, tuple[int, float]] = {}
         self._ready: list[ExecEvent] = []  # due now, outside the heap (LOST)
+        self._gangs: dict[str, tuple[str, WorkerGang]] = {}  # gang id -> (trial, gang)
         self.num_started = 0
         self.num_reports = 0
         for i in range(n_workers):
@@ -233,7 +235,62 @@ class SimulatedExecutor:
             run.token = self._next_token()  # its pending iteration never arrives
             self._emit_now(ExecEvent(LOST, tid, run.spec.attempt,
                                      error=f"worker {addr} was lost"))
+        self._lose_gangs_on(addr)
         return lost
+
+    # ------------------------------------------------------------ gangs
+    # A simulated trial runs no code and so never asks for a gang itself; the driver's
+    # up-front reservation (a learnt or declared gang shape) is granted from the slots.
+    def _free_map(self, idle: bool = False) -> dict[str, dict[str, float]]:
+        return {a: dict(w.capacity if idle else w.free) for a, w in self._workers.items()
+                if a not in self._gone and (idle or a not in self._retiring)}
+
+    def can_ever_fit_gang(self, bundles: list[dict[str, float]], strategy: str = "PACK",
+                          head: dict[str, float] | None = None) -> str | None:
+        free = self._free_map(idle=True)
+        if not free or place_group(bundles, strategy, free, self._hosts(free), head, None,
+                                   None) is not None:
+            return None
+        return f"no {len(bundles)} distinct simulated workers offer {bundles} ({strategy})"
+
+    def place_gang(self, bundles: list[dict[str, float]], strategy: str = "PACK",
+                   head: dict[str, float] | None = None,
+                   head_worker: str | None = None) -> list[str] | None:
+        free = self._free_map()
+        return place_group(bundles, strategy, free, self._hosts(free), head, head_worker, None)
+
+    def _hosts(self, free: Mapping[str, Any]) -> dict[str, str]:
+        return {a: str(self._info.get(a, {}).get("host", a)) for a in free}
+
+    def grant_workers(self, trial_id: str, bundles: list[dict[str, float]], strategy: str,
+                      workers: list[str], request_id: str = "") -> WorkerGang:
+        """Take the slots at once (a simulated trial has no request waiting for them)."""
+        self._tokens += 1
+        gang = WorkerGang(f"{trial_id}-gang-{self._tokens}", list(workers),
+                          [str(self._info.get(w, {}).get("host", "")) for w in workers],
+                          [[] for _ in workers], [dict(b) for b in bundles], strategy)
+        for addr, bundle in zip(workers, bundles):
+            self._take(addr, bundle, 1.0)
+        self._gangs[gang.gang_id] = (trial_id, gang)
+        return gang
+
+    def refuse_workers(self, trial_id: str, request_id: str, why: str) -> None:
+        pass  # no simulated trial asks
+
+    def release_gang(self, gang_id: str) -> None:
+        held = self._gangs.pop(gang_id, None)
+        if held is not None:
+            for addr, bundle in zip(held[1].workers, held[1].bundles):
+                self._take(addr, bundle, -1.0)
+
+    def _lose_gangs_on(self, addr: str) -> None:
+        for gang_id, (tid, gang) in list(self._gangs.items()):
+            if addr in gang.workers:
+                self.release_gang(gang_id)
+                run = self._runs.get(tid)
+                if run is not None:
+                    self._emit_now(ExecEvent(EventKind.GANG_LOST, tid, run.spec.attempt,
+                                             worker=addr, gang_id=gang_id))
 
     def retire_when_free(self, addr: str) -> bool:
         if addr not in self._retiring or self.running_on(addr):
@@ -298,6 +355,9 @@ class SimulatedExecutor:
         if run is None:
             return
         run.token = -1
+        for gang_id, (tid, _gang) in list(self._gangs.items()):
+            if tid == trial_id:
+                self.release_gang(gang_id)
         w = self._workers.get(run.worker)
         if w is not None:
             w.running.discard(trial_id)

@@ -4,7 +4,8 @@
 and asserts what every executor must do, whatever runs the trials: events of the right
 kinds for the attempt they name, reports in order as :class:`Report` values, one end per
 attempt, resources free again after :meth:`~Executor.release`, a stop and a lost worker
-each ending the attempt. The Dask and the simulated executors both pass it
+each ending the attempt, and gangs placed all or none on distinct workers, given back by
+:meth:`~Executor.release_gang`. The Dask and the simulated executors both pass it
 (``tests/test_executor_conformance.py``); so can a user's own executor.
 
 The caller supplies ``make_spec(trial_id, n)``: the :class:`~dasktune.session.TrialSpec`
@@ -78,6 +79,7 @@ def check_executor(executor: Executor, make_spec: Callable[[str, int], TrialSpec
         _check_stop(executor, make_spec, timeout)
         _check_lost_worker(executor, make_spec, timeout)
         _check_queueing(executor, make_spec)
+        _check_gangs(executor)
     finally:
         executor.shutdown()
 
@@ -150,3 +152,19 @@ def _check_queueing(executor: Executor, make_spec: Callable[[str, int], TrialSpe
     assert executor.queue_after("conf-none", make_spec("conf-queued", 1)) is False
     executor.unqueue("conf-queued")  # a no-op for an attempt never queued
     assert isinstance(executor.can_queue, bool)
+
+
+def _check_gangs(executor: Executor) -> None:
+    n = len(executor.workers())
+    why = executor.can_ever_fit_gang([_ONE_CPU] * (n + 1))
+    assert isinstance(why, str) and why, "a gang bigger than the cluster must say why"
+    assert executor.place_gang([_ONE_CPU] * (n + 1)) is None, "all or none"
+    assert executor.can_ever_fit_gang([_ONE_CPU]) is None
+    workers = executor.place_gang([_ONE_CPU] * min(n, 2))
+    assert workers is not None and len(set(workers)) == len(workers) == min(n, 2), workers
+    gang = executor.grant_workers("conf-gang", [_ONE_CPU] * len(workers), "PACK", workers)
+    assert gang.workers == workers and len(gang.hosts) == len(gang.devices) == len(workers)
+    executor.release_gang(gang.gang_id)
+    executor.release_gang(gang.gang_id)  # idempotent
+    assert executor.place_gang([_ONE_CPU] * len(workers)) is not None, \
+        "release_gang must free the gang's slots"

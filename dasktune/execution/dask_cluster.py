@@ -1,0 +1,160 @@
+"""The Dask executor's view of the cluster: lost, retiring and added workers, and demand.
+
+Cluster events come from the plugins of :mod:`dasktune.execution.recovery` over a
+pub/sub topic (:meth:`ClusterEvents.watch_cluster`) and become WORKER_* events for the
+driver; a retiring worker is retired once no trial of ours is on it.
+
+Why demand tasks: Dask's ``Adaptive`` sizes a cluster from the scheduler's view
+(:meth:`distributed.Scheduler.adaptive_target` counts queued and unrunnable tasks), and
+a trial becomes a task only once it is placed, so an elastic cluster would never grow
+for trials that wait. :meth:`ClusterEvents.demand` keeps one trivial task per waiting
+trial, with the trial's ``resources=``, under the key ``dasktune-demand-<trial_id>-<n>``
+(task prefix ``dasktune-demand``); :meth:`~ClusterEvents.withdraw` releases it. Dask
+accounts resources only for queued and running tasks: a placeholder that some worker
+can run finishes there at once and counts no more, so it shows demand that no worker
+the scheduler knows can meet (no workers yet, or none with the trial's tags). And
+``Adaptive`` weighs placeholders against every worker's threads, not knowing that trials
+occupy them: it adds workers for trials that no worker could take, not one per trial.
+
+A base class of :class:`~dasktune.execution.dask_executor.DaskExecutor`, using its state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from dasktune.execution import recovery
+from dasktune.execution.dask_runs import cancel_run
+from dasktune.execution.protocol import EventKind, ExecEvent
+
+if TYPE_CHECKING:
+    from dasktune.execution.dask_executor import DaskExecutor
+
+__all__ = ["ClusterEvents"]
+
+logger = logging.getLogger(__name__)
+
+LOST, UNQUEUED = EventKind.LOST, EventKind.UNQUEUED
+WORKER_LOST, WORKER_RETIRING = EventKind.WORKER_LOST, EventKind.WORKER_RETIRING
+WORKER_ADDED = EventKind.WORKER_ADDED
+
+
+class ClusterEvents:
+    """Worker events, retirement and scale-up demand (a base of ``DaskExecutor``)."""
+
+    # ------------------------------------------------------------ cluster events
+    def watch_cluster(self: DaskExecutor) -> bool:
+        """Install the recovery plugin and listen to it (worker loss in milliseconds)."""
+        if not recovery.register(self.client):
+            return False
+
+        def on_event(event: Any) -> None:
+            _t, msg = event
+            worker = msg.get("worker", "")
+            if msg.get("op") == "remove-worker":
+                self._gone.add(worker)
+                self._ledger.mark_stale()
+                self._put(ExecEvent(WORKER_LOST, worker=worker))
+            elif msg.get("op") == "retiring":
+                if msg.get("status") == "closing":
+                    self._self_closing.add(worker)
+                if worker not in self._retiring:
+                    self._retiring.add(worker)
+                    self._put(ExecEvent(WORKER_RETIRING, worker=worker))
+            elif msg.get("op") == "add-worker":
+                self._gone.discard(worker)
+                self._ledger.mark_stale()
+                self._put(ExecEvent(WORKER_ADDED, worker=worker))
+
+        self.client.subscribe_topic(recovery.TOPIC, on_event)
+        self._watching = True
+        return True
+
+    def retire_when_free(self: DaskExecutor, addr: str) -> bool:
+        """Ask Dask again to retire ``addr`` once no trial of ours is on it (dropping
+        the idle actors pooled there, which would make Dask refuse)."""
+        if addr in self._retiring:
+            self._drop_idle(addr)
+        if self.running_on(addr) or addr not in self._retiring:
+            return False
+
+        async def _retire() -> None:
+            # The release of our actors reaches the scheduler a moment after this call
+            # may: Dask refuses to retire a worker that still holds an actor, so retry.
+            for _ in range(50):
+                if addr in self._self_closing:
+                    return  # it closes itself once our trials left (EvacuatePlugin)
+                try:
+                    done = await self.client.scheduler.retire_workers(
+                        workers=[addr], close_workers=True, remove=True)
+                except Exception as exc:  # noqa: BLE001 - the worker may be gone already
+                    logger.debug("retire %s: %r", addr, exc)
+                    return
+                if addr in (done or {}) or addr in self._gone:
+                    return
+                await asyncio.sleep(0.2)
+
+        asyncio.run_coroutine_threadsafe(_retire(), self._loop)
+        return True
+
+
+    def lose_worker(self: DaskExecutor, addr: str) -> list[str]:
+        """Mark every attempt on ``addr`` lost (told by the scheduler plugin)."""
+        lost = self.running_on(addr)
+        self._drop_idle(addr)
+        for tid, run in self._queued.items():
+            if run.worker == addr:
+                self._put(ExecEvent(UNQUEUED, tid, run.spec.attempt))
+        for tid in lost:
+            run = self._runs[tid]
+            self._put(ExecEvent(LOST, tid, run.spec.attempt, error=f"worker {addr} was lost"))
+            cancel_run(run)
+        self._lose_gang_workers(addr)
+        self._ledger.mark_stale()
+        return lost
+
+    def _drop_idle(self: DaskExecutor, addr: str) -> None:
+        """Let Dask drop the idle actors pooled on ``addr``."""
+        for _key, future in self._idle.pop(addr, []):
+            self._loop.call_soon_threadsafe(future.release)
+
+    # ------------------------------------------------------------ scale-up demand
+    def demand(self: DaskExecutor, trial_id: str, resources: dict[str, float]) -> None:
+        """Show the scheduler that ``trial_id`` waits for ``resources`` (see the module
+        docs): one placeholder task per trial, however often this is called. Returns at
+        once; the task is submitted on the client loop."""
+        if self._closed or trial_id in self._demands or trial_id in self._runs:
+            return
+        request = {k: float(v) for k, v in resources.items() if v > 0}
+        self._demands[trial_id] = request
+        self._demand_seq += 1
+        # A fresh key each time: a released key may linger on the scheduler a moment.
+        key = f"dasktune-demand-{trial_id}-{self._demand_seq}"
+        self._loop.call_soon_threadsafe(self._submit_demand, trial_id, key, request)
+
+    def withdraw(self: DaskExecutor, trial_id: str) -> None:
+        """Release ``trial_id``'s placeholder task, if it has one (idempotent)."""
+        if self._demands.pop(trial_id, None) is not None:
+            self._loop.call_soon_threadsafe(self._release_demand, trial_id)
+
+    def _submit_demand(self: DaskExecutor, trial_id: str, key: str, request: dict[str, float]) -> None:
+        # On the client loop, in call order with _release_demand.
+        if trial_id in self._demand_futures:
+            return
+        try:
+            self._demand_futures[trial_id] = self.client.submit(
+                _waiting_trial, trial_id, key=key, resources=request or None, pure=False)
+        except Exception as exc:  # noqa: BLE001 - demand is advisory; placement goes on
+            logger.debug("demand for %s not submitted: %r", trial_id, exc)
+
+    def _release_demand(self: DaskExecutor, trial_id: str) -> None:
+        future = self._demand_futures.pop(trial_id, None)
+        if future is not None:
+            future.release()
+
+
+def _waiting_trial(trial_id: str) -> str:
+    """The placeholder task of :meth:`DaskExecutor.demand`: does nothing."""
+    return trial_id
