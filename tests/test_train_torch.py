@@ -96,7 +96,7 @@ def cluster(dask_processes, connect) -> Any:
 
 def test_two_two_worker_trials_report_all_reduce_and_checkpoint(cluster, tmp_path):
     grid = tune.Tuner(
-        driver,
+        tune.with_resources(driver, train.ScalingConfig(num_workers=2)),
         param_space={"steps": 4, "k": 2, "seed": tune.grid_search([0, 1])},
         run_config=tune.RunConfig(storage_path=str(tmp_path / "results"), verbose=0),
     ).fit()
@@ -149,7 +149,8 @@ def test_sigkill_of_a_rank_worker_restarts_the_group_from_the_newest_checkpoint(
     steps, k = 14, 3
     out: dict[str, Any] = {}
     tuner = tune.Tuner(
-        driver, param_space={"steps": steps, "k": k, "sleep": 0.25},
+        tune.with_resources(driver, train.ScalingConfig(num_workers=2)),
+        param_space={"steps": steps, "k": k, "sleep": 0.25},
         run_config=tune.RunConfig(name="chaos", storage_path=str(tmp_path / "results"),
                                   verbose=0))
     thread = threading.Thread(target=lambda: out.setdefault("grid", tuner.fit()), daemon=True)

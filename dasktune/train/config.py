@@ -41,7 +41,7 @@ class ScalingConfig:
         placement_strategy: ``"PACK"`` (ranks on as few machines as possible) or
             ``"SPREAD"`` (on as many), or their ``STRICT_`` forms.
         trainer_resources: what the driver function itself reserves (bundle 0);
-            default nothing, as Ray V2's controller takes no CPU.
+            default ``{"CPU": 0}``, as Ray V2's controller takes no CPU.
     """
 
     num_workers: int = 1
@@ -78,7 +78,9 @@ class ScalingConfig:
     @property
     def head_resources(self) -> dict[str, float]:
         """What the driver function reserves (bundle 0)."""
-        return {k: float(v) for k, v in (self.trainer_resources or {}).items() if v}
+        if self.trainer_resources is None:
+            return {"CPU": 0.0}
+        return {k: float(v) for k, v in self.trainer_resources.items()}
 
     @property
     def uses_gpu(self) -> bool:

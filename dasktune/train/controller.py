@@ -2,7 +2,8 @@
 driver function, commits and forwards its reports, restarts it after a fault.
 
 :meth:`TrainController.run` runs in the thread of a Tune trial (the driver function).
-Each try reserves a gang (:mod:`dasktune.train.placement`), runs one
+Each try reserves a gang of workers through the trial's session (all or none, one
+worker process per rank: ``TrialSession.reserve_workers``), runs one
 :class:`~dasktune.train.worker_group.WorkerGroup` on it and gives the gang back. A
 report all ranks made is committed through the trial's own session (one checkpoint,
 the trial's folder, Ray's layout, the retention rules of every trial) and -- when the
@@ -25,13 +26,13 @@ from dasktune.checkpoint import Checkpoint
 from dasktune.results import Result
 from dasktune.session import TrialSession, node_ip
 from dasktune.shipping import dumps_trainable
-from dasktune.train import placement
 from dasktune.train.config import ScalingConfig, TrainingFailedError
 from dasktune.train.context import PreemptionInfo, RankInfo
 from dasktune.train.worker_group import GroupFailure, GroupSpec, WorkerGroup
 
 if TYPE_CHECKING:
     from dasktune.config import RunConfig
+    from dasktune.execution import WorkerGang
 
 __all__ = ["TrainController"]
 
@@ -84,8 +85,8 @@ class TrainController:
         while True:
             self.runs += 1
             group_id = f"a{spec.attempt}r{self.runs}"
-            gang = placement.reserve(client, self.scaling.worker_bundles(),
-                                     self.scaling.placement_strategy, group_id)
+            gang = self.session.reserve_workers(self.scaling.worker_bundles(),
+                                                self.scaling.placement_strategy)
             try:
                 self._run_group(client, gang, group_id)
                 break
@@ -100,7 +101,7 @@ class TrainController:
                                self._checkpoint_path() or "scratch", failures,
                                "unlimited" if self.max_failures == -1 else self.max_failures)
             finally:
-                placement.release(gang)
+                self.session.release_workers(gang)
         latest = self.session.latest_checkpoint
         return Result(metrics=dict(self.last_metrics), checkpoint=latest, error=None,
                       path=spec.trial_path, filesystem=spec.storage.fs)
@@ -109,7 +110,7 @@ class TrainController:
         latest: Checkpoint | None = self.session.latest_checkpoint
         return latest.path if latest is not None else None
 
-    def _run_group(self, client: Any, gang: placement.Gang, group_id: str) -> None:
+    def _run_group(self, client: Any, gang: WorkerGang, group_id: str) -> None:
         spec = self.session.spec
         info = RankInfo(world_rank=0, world_size=len(gang.workers), local_rank=0,
                         local_world_size=1, node_rank=0, trial_id=spec.trial_id,
@@ -122,7 +123,7 @@ class TrainController:
                                listen_host=node_ip(self.session.worker_address))
         group = WorkerGroup(client, gang.workers, gang.hosts, gang.devices, group_spec,
                             self._on_report,
-                            lost=lambda: placement.lost_workers(client, gang))
+                            lost=lambda: self.session.gang_lost(gang))
         group.run()
 
     def _on_report(self, index: int, metrics: dict[str, Any],

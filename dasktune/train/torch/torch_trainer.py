@@ -118,8 +118,9 @@ class TorchTrainer:
             callbacks=[cb for cb in rc.callbacks or []
                        if not isinstance(cb, TuneReportCallback)],
             verbose=0 if rc.verbose is None else rc.verbose)
-        head = self.scaling_config.head_resources or {"CPU": 0}
-        grid = Tuner(with_resources(train_driver, head), run_config=run_config).fit()
+        # The head and the gang reserved up front, Ray's bundles (head first).
+        grid = Tuner(with_resources(train_driver, self.scaling_config),
+                     run_config=run_config).fit()
         result = grid[0]
         if result.error is not None:
             raise TrainingFailedError(f"Training failed: {result.error}") from result.error
