@@ -41,10 +41,12 @@ class PreemptionInfo:
 
     @property
     def preempted_node_ids(self) -> list[str]:
+        """The retiring workers, sorted."""
         return sorted(self.preempted_node_to_ranks)
 
     @property
     def preempted_ranks(self) -> list[int]:
+        """The ranks on retiring workers, sorted."""
         return sorted({r for ranks in self.preempted_node_to_ranks.values() for r in ranks})
 
 
@@ -86,6 +88,7 @@ class RankSession:
         self._conn.send(message)
 
     def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> None:
+        """As :func:`report`, for this rank."""
         if not isinstance(metrics, dict):
             raise TypeError(f"train.report: metrics must be a dict, got "
                             f"{type(metrics).__name__}")
@@ -158,33 +161,43 @@ class TrainContext:
         self._session = session
 
     def get_world_rank(self) -> int:
+        """This rank (0 .. world size - 1)."""
         return self._info.world_rank
 
     def get_world_size(self) -> int:
+        """How many ranks the trial runs."""
         return self._info.world_size
 
     def get_local_rank(self) -> int:
+        """This rank's index among the ranks on its host."""
         return self._info.local_rank
 
     def get_local_world_size(self) -> int:
+        """How many of the trial's ranks run on this host."""
         return self._info.local_world_size
 
     def get_node_rank(self) -> int:
+        """This host's index among the trial's hosts (in order of their lowest rank)."""
         return self._info.node_rank
 
     def get_trial_id(self) -> str:
+        """The Tune trial's id."""
         return self._info.trial_id
 
     def get_trial_name(self) -> str:
+        """The Tune trial's name."""
         return self._info.trial_name
 
     def get_experiment_name(self) -> str:
+        """The experiment's name."""
         return self._info.experiment_name
 
     def get_storage(self) -> ExperimentStorage:
+        """The experiment's storage (where checkpoints go)."""
         return self._info.storage
 
     def get_trial_dir(self) -> str:
+        """The trial's folder in storage."""
         return self._info.trial_path
 
     def get_preemption_info(self) -> PreemptionInfo | None:
