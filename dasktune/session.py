@@ -221,6 +221,10 @@ class TrialSession:
         if hit or self._should_stop(path is not None):
             raise StopTrial()
 
+    def must_stop(self) -> bool:
+        """Whether the driver asked this attempt to stop now (or fenced it)."""
+        return self._should_stop()
+
     def stop_pending(self) -> bool:
         """Whether the driver asked this attempt to stop (now, or after its next
         checkpoint: a worker retiring), for code that runs the trial's work elsewhere."""

@@ -270,3 +270,78 @@ def test_a_rank_error_retries_the_group_then_fails_fit(cluster, tmp_path):
     (trial,) = [d for d in (tmp_path / "results" / "failing").glob("*") if d.is_dir()]
     starts = read_jsonl(str(trial / "ranks.jsonl"))
     assert sorted(r["rank"] for r in starts) == [0, 0, 1, 1]  # one restart, both ranks
+
+
+# ------------------------------------------------------------------ graceful retirement
+def notice_loop(config: dict[str, Any]) -> None:
+    """Counts to ``steps`` with no checkpoint of its own: only when a preemption notice
+    comes does it checkpoint (at its next report), as a spot-aware loop would."""
+    ctx = train.get_context()
+    rank = ctx.get_world_rank()
+    start = 0
+    ckpt = train.get_checkpoint()
+    if ckpt is not None:
+        with ckpt.as_directory() as d, open(os.path.join(d, f"rank{rank}.json")) as f:
+            start = json.load(f)["step"]
+    trial_dir = ctx.get_trial_dir()
+    _append(os.path.join(trial_dir, "ranks.jsonl"), {"rank": rank, "start": start,
+                                                     "pid": os.getpid()})
+    noticed = False
+    for step in range(start + 1, config["steps"] + 1):
+        _append(os.path.join(trial_dir, "steps.jsonl"), {"rank": rank, "step": step})
+        time.sleep(config["sleep"])
+        with tempfile.TemporaryDirectory() as tmp:
+            checkpoint = None
+            if noticed:
+                with open(os.path.join(tmp, f"rank{rank}.json"), "w") as f:
+                    json.dump({"step": step}, f)
+                checkpoint = train.Checkpoint.from_directory(tmp)
+                _append(os.path.join(trial_dir, "notices.jsonl"), {"rank": rank, "step": step})
+            train.report({"step": step}, checkpoint=checkpoint)
+        noticed = train.get_preemption_info() is not None and checkpoint is None
+
+
+def notice_driver(config: dict[str, Any]) -> None:
+    TorchTrainer(notice_loop, train_loop_config=config,
+                 scaling_config=train.ScalingConfig(num_workers=2),
+                 run_config=train.RunConfig(callbacks=[TuneReportCallback()])).fit()
+
+
+def test_retiring_head_worker_gives_a_notice_and_the_trial_resumes_from_its_checkpoint(
+        dask_processes, connect, tmp_path):
+    from distributed import Client
+
+    procs = dask_processes(n_workers=4, nthreads=1, resources="CPU=1")
+    connect(procs.address)
+    steps = 12
+    out: dict[str, Any] = {}
+    tuner = tune.Tuner(
+        tune.with_resources(notice_driver, train.ScalingConfig(num_workers=2)),
+        param_space={"steps": steps, "sleep": 0.3},
+        run_config=tune.RunConfig(name="notice", storage_path=str(tmp_path / "results"),
+                                  verbose=0))
+    thread = threading.Thread(target=lambda: out.setdefault("grid", tuner.fit()), daemon=True)
+    thread.start()
+    exp = tmp_path / "results" / "notice"
+
+    def running_at_step_3() -> Any:
+        dirs = [d for d in exp.glob("*") if d.is_dir()] if exp.exists() else []
+        if not dirs:
+            return None
+        ran = [r["step"] for r in read_jsonl(str(dirs[0] / "steps.jsonl"))]
+        return dirs[0] if ran and max(ran) >= 3 else None
+
+    d = wait_for(running_at_step_3, timeout=240, what="the group at step 3")
+    head = read_jsonl(str(d / "result.json"))[-1]["worker"]  # where the driver function runs
+    with Client(procs.address, set_as_default=False, timeout="20s") as client:
+        client.retire_workers([head], close_workers=True, remove=True)
+    thread.join(300)
+    assert not thread.is_alive(), "the trial did not finish"
+    grid = out["grid"]
+    assert not grid.errors, grid.errors  # max_failures=0: a retirement is no failure
+    assert grid[0].metrics["step"] == steps
+    notices = read_jsonl(str(d / "notices.jsonl"))
+    assert sorted(n["rank"] for n in notices) == [0, 1]  # both ranks checkpointed on notice
+    noticed_at = notices[0]["step"]
+    starts = read_jsonl(str(d / "ranks.jsonl"))
+    assert [r["start"] for r in starts[2:]] == [noticed_at, noticed_at]  # nothing lost

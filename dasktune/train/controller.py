@@ -24,7 +24,7 @@ from distributed import get_client
 
 from dasktune.checkpoint import Checkpoint
 from dasktune.results import Result
-from dasktune.session import TrialSession, node_ip
+from dasktune.session import StopTrial, TrialSession, node_ip
 from dasktune.shipping import dumps_trainable
 from dasktune.train.config import ScalingConfig, TrainingFailedError
 from dasktune.train.context import PreemptionInfo, RankInfo
@@ -63,6 +63,8 @@ class TrainController:
         self.timeout_s = timeout_s
         self.last_metrics: dict[str, Any] = {}
         self.runs = 0  # groups started, restarts included
+        self._gang: WorkerGang | None = None
+        self._retiring: list[str] = []  # the gang's workers on their way out (polled)
         if not forward and session.spec.trial_id not in _WARNED_NO_CALLBACK:
             _WARNED_NO_CALLBACK.add(session.spec.trial_id)
             warnings.warn(
@@ -91,6 +93,13 @@ class TrainController:
                 self._run_group(client, gang, group_id)
                 break
             except GroupFailure as exc:
+                if exc.lost and set(exc.lost) <= set(self._retiring):
+                    # A retirement (a spot notice), not a failure: Ray counts preemptions
+                    # apart from max_failures, without limit by default.
+                    logger.warning("trial %s: the worker group's worker(s) %s retired; "
+                                   "restarting it from %s", spec.trial_id, exc.lost,
+                                   self._checkpoint_path() or "scratch")
+                    continue
                 failures += 1
                 if self.max_failures != -1 and failures > self.max_failures:
                     raise TrainingFailedError(
@@ -121,10 +130,23 @@ class TrainController:
                         timeout_s=self.timeout_s)
         group_spec = GroupSpec(loop=self.loop_blob, loop_config=self.loop_config, info=info,
                                listen_host=node_ip(self.session.worker_address))
+        self._gang, self._retiring = gang, []
         group = WorkerGroup(client, gang.workers, gang.hosts, gang.devices, group_spec,
-                            self._on_report,
-                            lost=lambda: self.session.gang_lost(gang))
+                            self._on_report, lost=lambda: self._health(client, gang),
+                            interrupt=self._interrupt)
         group.run()
+
+    def _health(self, client: Any, gang: WorkerGang) -> list[str]:
+        """The gang's lost workers; notes those retiring (for the preemption notice)."""
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        # Sticky: once gone, a retired worker is no longer listed as retiring.
+        self._retiring += [w for w in gang.workers if w not in self._retiring and
+                           workers.get(w, {}).get("status") == "closing_gracefully"]
+        return self.session.gang_lost(gang)
+
+    def _interrupt(self) -> None:
+        if self.session.must_stop():
+            raise StopTrial()  # Tune stopped the trial: the group is stopped on the way out
 
     def _on_report(self, index: int, metrics: dict[str, Any],
                    staged: str | None) -> tuple[str | None, PreemptionInfo | None]:
@@ -140,9 +162,15 @@ class TrainController:
                 path = self._checkpoint_path()
         elif staged is not None:
             path = self.session.commit_staged(staged, dict(metrics))
-        preemption = None
+        return path, self._preemption()
+
+    def _preemption(self) -> PreemptionInfo | None:
+        """The notice for the ranks: the head's worker retires (the trial is being moved)
+        or some ranks' workers do; checkpoint now."""
+        ranks: dict[str, list[int]] = {}
         if self.session.stop_pending():
-            # The trial is being moved (its worker retires): checkpoint now, rank 0.
-            preemption = PreemptionInfo(deadline_ms=None, preempted_node_to_ranks={
-                self.session.worker_address: list(range(self.scaling.num_workers))})
-        return path, preemption
+            ranks[self.session.worker_address] = list(range(self.scaling.num_workers))
+        if self._gang is not None:
+            for worker in self._retiring:
+                ranks.setdefault(worker, []).append(self._gang.workers.index(worker))
+        return PreemptionInfo(deadline_ms=None, preempted_node_to_ranks=ranks) if ranks else None

@@ -77,7 +77,7 @@ class WorkerGroup:
 
     def __init__(self, client: Client, workers: list[str], hosts: list[str],
                  devices: list[list[str]], spec: GroupSpec, on_report: OnReport,
-                 lost: Callable[[], list[str]]):
+                 lost: Callable[[], list[str]], interrupt: Callable[[], None] = lambda: None):
         if len(set(workers)) != len(workers):
             raise ValueError(f"a worker group needs a distinct worker per rank: {workers}")
         self.client = client
@@ -85,6 +85,7 @@ class WorkerGroup:
         self.spec = spec
         self.on_report = on_report
         self.lost = lost  # workers of this group that left the cluster (polled)
+        self.interrupt = interrupt  # raises when the trial must stop now (checked often)
         self.n = len(workers)
         self.rank_pids: dict[int, int] = {}  # rank -> pid of its process
         self._launchers: dict[int, Connection] = {}
@@ -138,6 +139,7 @@ class WorkerGroup:
                 if what == "rank":
                     self.rank_pids[rank] = hello[2]
             self._check_health()
+            self.interrupt()
             if time.monotonic() > deadline:
                 raise GroupFailure(f"the worker group did not start within "
                                    f"{_START_TIMEOUT_S:.0f}s ({len(got)} of {self.n} {kind}s "
@@ -169,7 +171,8 @@ class WorkerGroup:
         conns = {conn: ("rank", r) for r, conn in self._ranks.items()}
         conns.update({conn: ("launcher", r) for r, conn in self._launchers.items()})
         while len(done) < self.n:
-            for conn in wait(list(conns), timeout=0.5):
+            self.interrupt()
+            for conn in wait(list(conns), timeout=0.2):
                 what, rank = conns[conn]
                 try:
                     msg = conn.recv()
