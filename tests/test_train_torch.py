@@ -253,8 +253,11 @@ def test_fit_outside_tune_trains_a_ddp_model(cluster, tmp_path):
 
 
 def failing_loop(config: dict[str, Any]) -> None:
+    import torch.distributed as dist
+
     ctx = train.get_context()
     _append(os.path.join(ctx.get_trial_dir(), "ranks.jsonl"), {"rank": ctx.get_world_rank()})
+    dist.barrier()  # both ranks are on record before rank 1 fails
     if ctx.get_world_rank() == 1:
         raise ValueError("rank 1 cannot go on")
     train.report({"step": 1})
