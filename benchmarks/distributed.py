@@ -20,9 +20,15 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
 from typing import Any
+
+# Run as a script, this file's folder comes first on sys.path, and this file's name would
+# shadow the ``distributed`` package that dasktune imports.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
 WIDTH, BATCH = 256, 64
 
@@ -44,7 +50,7 @@ def _model_loop(config: dict[str, Any], report: Any) -> None:
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
         opt.step()
-        report({"step": step, "loss": float(loss), "t": time.time()})
+        report({"step": step, "loss": loss.item(), "t": time.time()})
 
 
 def _step_times(rows: list[dict[str, Any]], warmup: int) -> float:

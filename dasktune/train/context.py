@@ -4,11 +4,12 @@ Each rank of a multi-worker trial is a process of its own (:mod:`dasktune.train.
 holding one :class:`RankSession`: who it is (rank, world size, local and node rank),
 where the trial's files go, and the connection to the trial's controller.
 
-``report`` is a barrier across the ranks, as Ray's is: a rank with a checkpoint
-uploads its files into the report's staged folder in the trial's storage, then every
-rank tells the controller and waits; once all ranks have reported that index the
-controller commits the staged folder once and answers each rank with the committed
-checkpoint (and whether a preemption notice came), and ``report`` returns.
+``report`` with a checkpoint is a barrier across the ranks, as Ray's is: a rank
+uploads its files into the report's staged folder in the trial's storage, tells the
+controller and waits; once all ranks have reported that index the controller commits
+the staged folder once and answers each rank with the committed checkpoint, and
+``report`` returns. A report without a checkpoint does not wait (the controller takes
+them in order); the controller's answers to those bring the preemption notice.
 """
 
 from __future__ import annotations
@@ -77,8 +78,9 @@ class RankSession:
     def __init__(self, info: RankInfo, conn: Any):
         self.info = info
         self._conn = conn
-        self.acks: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self.acks: queue.Queue[tuple[int, str | None]] = queue.Queue()
         self._next = 0
+        self._waiting: int | None = None  # the checkpoint report waiting for its commit
         self.checkpoint: Checkpoint | None = (
             Checkpoint(info.checkpoint_path, info.storage.fs) if info.checkpoint_path else None)
         self.preemption: PreemptionInfo | None = None
@@ -93,21 +95,32 @@ class RankSession:
             raise TypeError(f"train.report: metrics must be a dict, got "
                             f"{type(metrics).__name__}")
         index, self._next = self._next, self._next + 1
-        if checkpoint is not None:
-            staged = posixpath.join(self.info.trial_path,
-                                    staged_dir_name(self.info.group, index))
-            with checkpoint.as_directory() as local:
-                self.info.storage.stage_files(local, staged)
-        self.send(("report", index, metrics, checkpoint is not None))
-        ack = self.acks.get()  # the controller's answer once every rank reported
-        _, acked, path, preemption = ack
+        if checkpoint is None:
+            # No wait: the controller takes reports in order; a rank waits only where it
+            # must, for a checkpoint to be committed (a round trip through the controller
+            # every step would cost more than a small model's step).
+            self.send(("report", index, metrics, False))
+            return
+        staged = posixpath.join(self.info.trial_path, staged_dir_name(self.info.group, index))
+        with checkpoint.as_directory() as local:
+            self.info.storage.stage_files(local, staged)
+        self._waiting = index
+        self.send(("report", index, metrics, True))
+        acked, path = self.acks.get()  # once every rank reported it and it is committed
         if acked != index:
             raise RuntimeError(f"train.report: rank {self.info.world_rank} reported #{index} "
-                               f"but the group is at #{acked}: every rank must call "
+                               f"but the group committed #{acked}: every rank must call "
                                "train.report the same number of times")
         if path:
             self.checkpoint = Checkpoint(path, self.info.storage.fs)
+
+    def on_ack(self, index: int, path: str | None, preemption: PreemptionInfo | None) -> None:
+        """The controller handled report ``index`` of every rank (the watcher thread
+        calls it): the preemption notice is the newest; a waiting report returns."""
         self.preemption = preemption
+        if index == self._waiting:
+            self._waiting = None
+            self.acks.put((index, path))
 
 
 _rank: RankSession | None = None
@@ -131,9 +144,10 @@ def report(metrics: dict[str, Any], checkpoint: Checkpoint | None = None,
            checkpoint_dir_name: str | None = None, **kwargs: Any) -> None:
     """Report metrics (and optionally a checkpoint) from every rank.
 
-    Every rank must call it the same number of times: it returns once all ranks have
-    reported this index and the checkpoint (if any rank gave one; their files merged
-    into one folder) is committed. Rank 0's metrics are the trial's result.
+    Every rank must call it the same number of times. With a checkpoint it returns once
+    all ranks have reported this index and the checkpoint (the files of every rank that
+    gave one, merged into one folder) is committed; without one it does not wait.
+    Rank 0's metrics are the trial's result.
     ``checkpoint_dir_name`` and Ray's upload options are accepted and ignored:
     checkpoints keep dasktune's ``checkpoint_NNNNNN`` names.
     """

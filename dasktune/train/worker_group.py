@@ -9,8 +9,8 @@ and receives the loop and its :class:`~dasktune.train.context.RankInfo`.
 
 Reports: when every rank has reported index ``i``, ``on_report(i, metrics_of_rank_0,
 staged_folder_or_None)`` commits and forwards (the controller's job) and its answer --
-the committed checkpoint's path and a preemption notice -- goes back to every rank,
-which then returns from ``train.report``.
+the committed checkpoint's path and a preemption notice -- goes back to every rank (a
+rank waits for it only when it reported a checkpoint).
 
 Faults: a rank that raises, a rank's process that dies, a launcher whose connection
 drops (its worker died) or a worker the gang seam reports lost ends the run with
@@ -192,6 +192,13 @@ class WorkerGroup:
                     if msg[1] is not None:
                         raise GroupFailure(f"rank {rank} raised:\n{msg[1]}", rank_error=msg[1])
                     done.add(rank)
+                unmatched = [i for i, got in pending.items() if done - set(got)]
+                if unmatched:  # a rank ended without a report the others made
+                    raise GroupFailure(
+                        f"rank(s) {sorted(done - set(pending[unmatched[0]]))} ended without "
+                        f"report #{unmatched[0]} that other ranks made: every rank must call "
+                        "train.report the same number of times",
+                        rank_error="train.report called a different number of times")
                 elif msg[0] == "exit" and rank not in done:
                     raise GroupFailure(f"rank {rank}'s process on {self.workers[rank]} exited "
                                        f"with code {msg[2]} before the loop ended",
@@ -205,7 +212,9 @@ class WorkerGroup:
                                     staged_dir_name(self.spec.info.group, index))
         path, preemption = self.on_report(index, reports[0][0], staged)
         for conn in self._ranks.values():
-            conn.send(("ack", index, path, preemption))
+            # A rank whose loop ended does not wait for the answer to its last reports.
+            with contextlib.suppress(OSError):
+                conn.send(("ack", index, path, preemption))
 
     def _check_health(self) -> None:
         now = time.monotonic()
