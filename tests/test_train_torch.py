@@ -348,3 +348,38 @@ def test_retiring_head_worker_gives_a_notice_and_the_trial_resumes_from_its_chec
     noticed_at = notices[0]["step"]
     starts = read_jsonl(str(d / "ranks.jsonl"))
     assert [r["start"] for r in starts[2:]] == [noticed_at, noticed_at]  # nothing lost
+
+
+# ------------------------------------------------------------ without the callback; misuse
+def quiet_driver(config: dict[str, Any]) -> None:
+    """A 2-worker trainer without TuneReportCallback: as in Ray V2, nothing reaches Tune."""
+    TorchTrainer(loop, train_loop_config=config,
+                 scaling_config=train.ScalingConfig(num_workers=2)).fit()
+
+
+def uneven_loop(config: dict[str, Any]) -> None:
+    for step in range(3 if train.get_context().get_world_rank() == 0 else 2):
+        train.report({"step": step})
+
+
+def test_without_the_callback_checkpoints_commit_but_no_metrics_reach_tune(cluster, tmp_path):
+    grid = tune.Tuner(
+        tune.with_resources(quiet_driver, train.ScalingConfig(num_workers=2)),
+        param_space={"steps": 2, "k": 2},
+        run_config=tune.RunConfig(storage_path=str(tmp_path / "results"), verbose=0),
+    ).fit()
+    assert not grid.errors, grid.errors
+    result = grid[0]
+    assert "step" not in result.metrics  # no result row came from the ranks
+    ckpts = [n for n in os.listdir(result.path) if n.startswith("checkpoint_")]
+    assert ckpts == ["checkpoint_000000"]  # the ranks' step-2 checkpoint, committed once
+    with open(os.path.join(result.path, ckpts[0], "rank1.json")) as f:
+        assert json.load(f) == {"step": 2}
+
+
+def test_ranks_reporting_different_numbers_of_times_fail_clearly(cluster, tmp_path):
+    trainer = TorchTrainer(
+        uneven_loop, scaling_config=train.ScalingConfig(num_workers=2),
+        run_config=train.RunConfig(name="uneven", storage_path=str(tmp_path / "results")))
+    with pytest.raises(train.TrainingFailedError, match="same number of times"):
+        trainer.fit()
