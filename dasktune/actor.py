@@ -15,6 +15,11 @@ thread that ran the attempt runs the next in line as soon as the user's code ret
 so a short trial's slot never idles for a round trip through the driver, nor for a
 wake-up of the worker's event loop and a new thread. The ended attempt's last reports
 wait for the driver's next poll of it, which also learns that the queued one started.
+
+The poll replies also carry the trial's gang requests (:mod:`dasktune.gang_desk`), and
+the driver's answers come back through :meth:`TrialActor.grant` and its neighbours.
+Over ~400 lines because the poll, the queued attempts and the thread that runs them
+share one lock and one attempt record.
 """
 
 from __future__ import annotations

@@ -76,7 +76,7 @@ class Attempt:
         self.fenced_reason: str | None = None
         self.stop_after_checkpoint = threading.Event()
         self.checkpoint_now = threading.Event()  # a driver-side request (Callback)
-        self.gangs = GangDesk(wake, self.stop_now, spec.gang) if wake is not None else None
+        self.gangs = GangDesk(wake, self._stopping, spec.gang) if wake is not None else None
 
     # ------------------------------------------------------------ flags
     def request_stop(self, after_checkpoint: bool = False) -> None:
@@ -93,6 +93,10 @@ class Attempt:
             self.fenced.set()
             self.stop_now.set()
             self.cond.notify_all()
+
+    def _stopping(self) -> bool:
+        """Whether the driver asked the attempt to end, now or at its next checkpoint."""
+        return self.stop_now.is_set() or self.stop_after_checkpoint.is_set()
 
     def should_stop(self, had_checkpoint: bool = False) -> bool:
         if self.stop_now.is_set():

@@ -8,9 +8,15 @@ and delivers the driver's answers (:meth:`~GangDesk.grant`, :meth:`~GangDesk.ref
 :meth:`~GangDesk.mark_lost`). Nothing here speaks Dask; the driver decides.
 
 A note is ``("want", GangRequest)``, ``("withdraw", GangRequest)`` (a request whose
-caller gave up waiting) or ``("release", gang_id)``. A gang reserved when the attempt
+caller gave up waiting) or ``("release", gang_id)``.
+
+An isolated trial (a child process, :mod:`dasktune.isolation`) has a desk of its own in
+the child; the actor's desk then only relays: the child's notes come in through
+:meth:`GangDesk.relay_notes`, and the driver's answers go back to the child through
+:meth:`GangDesk.take_answers`, applied there by :meth:`GangDesk.apply_answers`. A gang reserved when the attempt
 started (the driver learnt the experiment's gang shape) is handed to the first
-:meth:`~GangDesk.reserve` that asks for that shape, with no round trip.
+:meth:`~GangDesk.reserve` if it asks for that shape, with no round trip; if it asks for
+another, the reserved gang is given back.
 """
 
 from __future__ import annotations
@@ -63,11 +69,12 @@ class GangDesk:
 
     Args:
         wake: wakes the actor's poll, so that a new note travels at once.
-        stopped: set when the attempt must end (a waiting ``reserve`` gives up).
+        stopped: whether the attempt must end (a waiting ``reserve`` gives up: a trial
+            that waits for workers has nothing to checkpoint before a pause or a move).
         reserved: a gang the driver reserved for this attempt at its start.
     """
 
-    def __init__(self, wake: Callable[[], None], stopped: threading.Event,
+    def __init__(self, wake: Callable[[], None], stopped: Callable[[], bool],
                  reserved: WorkerGang | None = None):
         self._wake = wake
         self._stopped = stopped
@@ -79,6 +86,8 @@ class GangDesk:
             {reserved.gang_id: reserved}
         self._lost: dict[str, list[str]] = {}
         self._closed = False
+        self._relayed = False  # the requests are a child process's: answers go to it
+        self._answers: list[tuple[Any, ...]] = []
 
     # ------------------------------------------------------------ the trial's side
     def reserve(self, bundles: Sequence[Mapping[str, Any]], strategy: str = "PACK",
@@ -89,10 +98,14 @@ class GangDesk:
         if timeout is not None and timeout < 0:
             raise ValueError(f"reserve_workers: timeout must be >= 0 or None, got {timeout!r}")
         with self._cond:
-            ready = self._reserved
+            ready, self._reserved = self._reserved, None  # offered once
             if ready is not None and ready.bundles == wanted and ready.strategy == strategy:
-                self._reserved = None  # handed over once
                 return ready
+            if ready is not None:
+                # Another shape than the experiment's: the reserved gang must not be held
+                # while this one waits (the trial would hold what it waits for).
+                del self._held[ready.gang_id]
+                self._notes.append(("release", ready.gang_id))
             request = GangRequest(f"r{next(_ids)}", wanted, strategy)
             waiting = self._waiting[request.request_id] = _Waiting(request)
             self._notes.append(("want", request))
@@ -100,7 +113,7 @@ class GangDesk:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while waiting.gang is None and waiting.error is None:
-                if self._closed or self._stopped.is_set():
+                if self._closed or self._stopped():
                     self._give_up(request)
                     raise GangStopped("the trial was stopped while it waited for workers")
                 left = _WAKE_S if deadline is None else min(_WAKE_S,
@@ -168,6 +181,10 @@ class GangDesk:
             waiting = self._waiting.get(request_id)
             if waiting is None or self._closed:
                 return False
+            if self._relayed:
+                del self._waiting[request_id]
+                self._answers.append(("grant", request_id, gang))
+                return True
             waiting.gang = gang
             self._cond.notify_all()
             return True
@@ -176,7 +193,10 @@ class GangDesk:
         """The request can never be met: its ``reserve`` raises ValueError(why)."""
         with self._cond:
             waiting = self._waiting.get(request_id)
-            if waiting is not None:
+            if waiting is not None and self._relayed:
+                del self._waiting[request_id]
+                self._answers.append(("refuse", request_id, why))
+            elif waiting is not None:
                 waiting.error = why
                 self._cond.notify_all()
 
@@ -185,6 +205,8 @@ class GangDesk:
         with self._cond:
             self._lost.setdefault(gang_id, []).extend(
                 w for w in workers if w not in self._lost.get(gang_id, []))
+            if self._relayed:
+                self._answers.append(("lost", gang_id, list(workers)))
             self._cond.notify_all()
 
     def close(self) -> None:
@@ -192,3 +214,37 @@ class GangDesk:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+
+    # ------------------------------------------------------------ relaying (isolated trials)
+    def relay_notes(self, notes: list[tuple[str, Any]]) -> None:
+        """The child process's notes: pass them on, and hold its requests for the
+        driver's answers."""
+        with self._cond:
+            self._relayed = True
+            for what, value in notes:
+                if what == "want":
+                    self._waiting[value.request_id] = _Waiting(value)
+                elif what == "withdraw":
+                    self._waiting.pop(value.request_id, None)
+                self._notes.append((what, value))
+        self._wake()
+
+    def take_answers(self) -> list[tuple[Any, ...]]:
+        """The driver's answers for the child process since the last call."""
+        with self._cond:
+            answers, self._answers = self._answers, []
+            return answers
+
+    def apply_answers(self, answers: list[tuple[Any, ...]]) -> None:
+        """In the child: the driver's answers, as :meth:`take_answers` relayed them."""
+        for answer in answers:
+            if answer[0] == "grant":
+                _, request_id, gang = answer
+                if not self.grant(request_id, gang):
+                    with self._cond:  # nobody waits any more: its slots go back
+                        self._notes.append(("release", gang.gang_id))
+                    self._wake()
+            elif answer[0] == "refuse":
+                self.refuse(answer[1], answer[2])
+            elif answer[0] == "lost":
+                self.mark_lost(answer[1], answer[2])

@@ -17,7 +17,9 @@ pair:
   attempt's ``emit`` (the actor's bounded buffer: the back-pressure), then
   ``("done", error)``;
 * parent -> child: ``("stop", after_checkpoint)`` when the actor is asked to stop,
-  ``("fence",)`` when it was fenced (stop, and commit no further checkpoint).
+  ``("fence",)`` when it was fenced (stop, and commit no further checkpoint);
+* both ways: ``("gang", ...)``, the trial's gang requests up and the driver's answers
+  down (:mod:`dasktune.gang_desk` relays them).
 
 Dask inside the trial: the child connects a client to the worker's scheduler (with the
 worker's security) and makes it the process's default, so ``distributed.get_client()``
@@ -161,6 +163,9 @@ def _relay(attempt: Attempt, conn: Connection,
     sent_now = sent_ckpt = False
     kill_at: float | None = None
     while True:
+        answers = attempt.gangs.take_answers() if attempt.gangs is not None else []
+        if answers:  # the driver's answers to the child's gang requests
+            conn.send_bytes(cloudpickle.dumps(("gang", answers)))
         if not sent_ckpt and attempt.stop_after_checkpoint.is_set():
             conn.send_bytes(pickle.dumps(("stop", True)))
             sent_ckpt = True
@@ -185,6 +190,8 @@ def _relay(attempt: Attempt, conn: Connection,
             return False, None, sent_now
         if msg[0] == "report":
             attempt.emit(msg[1], msg[2])
+        elif msg[0] == "gang" and attempt.gangs is not None:
+            attempt.gangs.relay_notes(msg[1])
         elif msg[0] == "done":
             return True, msg[1], sent_now
 
@@ -267,6 +274,8 @@ def _watch_parent(conn: Connection, attempt: Attempt) -> None:
             attempt.request_stop(after_checkpoint=msg[1])
         elif msg[0] == "fence":
             attempt.fence("fenced by the worker")
+        elif msg[0] == "gang" and attempt.gangs is not None:
+            attempt.gangs.apply_answers(msg[1])
 
 
 def _child_main(fd: str, parent_pid: str) -> None:
@@ -282,7 +291,14 @@ def _child_main(fd: str, parent_pid: str) -> None:
         with send_lock:
             conn.send_bytes(data)
 
-    attempt = Attempt(spec, params, emit)
+    def send_gang_notes() -> None:  # the trial's gang requests, for the actor to relay
+        notes = attempt.gangs.take_notes() if attempt.gangs is not None else []
+        if notes:
+            data = cloudpickle.dumps(("gang", notes))
+            with send_lock:
+                conn.send_bytes(data)
+
+    attempt = Attempt(spec, params, emit, wake=send_gang_notes)
     threading.Thread(target=_watch_parent, args=(conn, attempt), daemon=True,
                      name="dasktune-parent-watch").start()
     try:

@@ -8,6 +8,9 @@ a lost gang worker does not lose the trial -- the gang's slots are given back an
 :func:`gang_lost` names the dead workers, for the trainer to restart its group on a
 fresh gang; the trial is lost (and its gangs released) when its own worker dies.
 
+Over ~400 lines because every call a trial's code makes lives here, one home for what
+``tune`` and ``dasktune.train`` hand the user (the desk behind the gang calls is not).
+
 Each running trial has one :class:`TrialSession`, bound to the thread that runs the
 user's code. A report fills Ray's auto fields, commits its checkpoint to storage
 (``report`` returns only once it is committed), applies the ``stop`` dict locally so
@@ -94,7 +97,7 @@ class TrialSession:
                  should_stop: Callable[..., bool], worker_address: str = "",
                  fenced: Callable[[], bool] | None = None, gangs: GangDesk | None = None):
         self.spec = spec
-        self._gangs = gangs  # None where gangs cannot be asked for (an isolated child)
+        self._gangs = gangs  # None where no actor relays gang requests
         self._emit = emit
         self._should_stop = should_stop
         self._fenced = fenced  # whether no driver will ever collect this attempt
@@ -262,8 +265,8 @@ class TrialSession:
     # ------------------------------------------------------------ gangs
     def _desk(self) -> GangDesk:
         if self._gangs is None:
-            raise RuntimeError("reserve_workers() is not available in a trial that runs in a "
-                               "process of its own (GPU trials, dasktune.executor.isolate)")
+            raise RuntimeError("reserve_workers() needs a trial started by dasktune's "
+                               "executor")
         return self._gangs
 
     def reserve_workers(self, bundles: list[dict[str, float]], strategy: str = "PACK",
@@ -429,15 +432,21 @@ def wait_gang_lost(gang: WorkerGang, timeout: float | None = None) -> list[str]:
 
 class TrialResources(dict):
     """A trial's resources, ``{"CPU": 2.0, ..., "gpu_ids": [...]}``, that also answer as
-    the ``PlacementGroupFactory`` Ray's ``get_trial_resources()`` returns does."""
+    the ``PlacementGroupFactory`` Ray's ``get_trial_resources()`` returns does.
+
+    ``bundles`` is the trial's own request, then the bundles of the gang reserved with
+    the trial when it started (Ray's convention: bundle 0 is the trial's), if one was."""
+
+    gang_bundles: list[dict[str, float]] = []  # set per instance; never mutated
 
     @property
     def required_resources(self) -> dict[str, float]:
+        """The trial's own request (its actor's; a gang's bundles are in ``bundles``)."""
         return {k: v for k, v in self.items() if k != "gpu_ids"}
 
     @property
     def bundles(self) -> list[dict[str, float]]:
-        return [self.required_resources]  # one actor on one worker: one bundle
+        return [self.required_resources, *(dict(b) for b in self.gang_bundles)]
 
     @property
     def head_cpus(self) -> float:
@@ -468,7 +477,10 @@ class TrialContext:
 
     def get_trial_resources(self) -> TrialResources:
         spec = self._spec()
-        return TrialResources({**spec.resources, "gpu_ids": list(spec.gpu_ids)})
+        resources = TrialResources({**spec.resources, "gpu_ids": list(spec.gpu_ids)})
+        if spec.gang is not None:
+            resources.gang_bundles = [dict(b) for b in spec.gang.bundles]
+        return resources
 
     def get_experiment_name(self) -> str:
         return self._spec().experiment_name

@@ -560,9 +560,9 @@ def test_call_cancelled_under_the_driver_restarts_the_attempt(local_client, tmp_
     longer fetches actors; this pins the guard behind that, with the cancellation
     injected at the one await where it was seen (Dask cannot be made to race on cue).
     """
-    from dasktune.execution import dask_executor as executor
+    from dasktune.execution import dask_polling as executor
 
-    real = executor._settled
+    real = executor.settled
     hits: list[str] = []
 
     async def cancelled_once(future):
@@ -571,7 +571,7 @@ def test_call_cancelled_under_the_driver_restarts_the_attempt(local_client, tmp_
             hits.append(future.key)
             raise asyncio.CancelledError  # as a shared, cancelled gather raises it
 
-    monkeypatch.setattr(executor, "_settled", cancelled_once)
+    monkeypatch.setattr(executor, "settled", cancelled_once)
     tuner = tune.Tuner(
         tiny, param_space={"x": tune.grid_search([1, 2, 3, 4])},
         run_config=tune.RunConfig(name="cancelled", storage_path=str(tmp_path), verbose=0))

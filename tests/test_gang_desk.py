@@ -22,7 +22,7 @@ def gang(gang_id: str = "g1") -> WorkerGang:
 def desk(reserved: WorkerGang | None = None) -> tuple[GangDesk, threading.Event, list[int]]:
     woken: list[int] = []
     stopped = threading.Event()
-    return GangDesk(lambda: woken.append(1), stopped, reserved), stopped, woken
+    return GangDesk(lambda: woken.append(1), stopped.is_set, reserved), stopped, woken
 
 
 def answer_when_asked(d: GangDesk, answer) -> threading.Thread:
@@ -112,12 +112,12 @@ def test_bad_requests_are_errors_before_anything_travels():
     assert d.take_notes() == []
 
 
-def test_outside_a_trial_and_in_an_isolated_one_it_is_a_runtime_error():
+def test_outside_a_trial_it_is_a_runtime_error():
     with pytest.raises(RuntimeError, match="outside of a dasktune trial"):
         reserve_workers(TWO)
     spec = TrialSpec("t", "t", "e", {}, None, None, "")  # type: ignore[arg-type]
     session = TrialSession(spec, lambda *a: None, lambda *a: False)
-    with pytest.raises(RuntimeError, match="process of its own"):
+    with pytest.raises(RuntimeError, match="started by dasktune's executor"):
         session.reserve_workers(TWO)
 
 
@@ -128,3 +128,41 @@ def test_the_session_turns_a_stop_into_stop_trial():
     session = TrialSession(spec, lambda *a: None, lambda *a: False, gangs=d)
     with pytest.raises(StopTrial):
         session.reserve_workers(TWO)
+
+
+def test_an_isolated_trials_requests_are_relayed_both_ways():
+    """The child process's desk talks to the actor's desk (here: directly, as the
+    isolation relay does over its socket)."""
+    parent, _, _ = desk()
+    child: GangDesk = GangDesk(lambda: parent.relay_notes(child.take_notes()),
+                               threading.Event().is_set)
+
+    def actor_and_driver() -> None:
+        while True:
+            notes = parent.take_notes()
+            if notes:
+                assert parent.grant(notes[0][1].request_id, gang())
+                child.apply_answers(parent.take_answers())
+                return
+            time.sleep(0.005)
+
+    threading.Thread(target=actor_and_driver, daemon=True).start()
+    assert child.reserve(TWO) == gang()
+    parent.mark_lost("g1", ["tcp://a:1"])
+    child.apply_answers(parent.take_answers())
+    assert child.lost(gang()) == ["tcp://a:1"]
+    # A grant that comes after the child gave up goes back as a release.
+    with pytest.raises(TimeoutError):
+        child.reserve(TWO, timeout=0.05)
+    late = [n for n in parent.take_notes() if n[0] == "want"][-1][1]
+    assert parent.grant(late.request_id, gang("late")) is False  # withdrawn first
+    child.apply_answers([("grant", late.request_id, gang("late"))])
+    assert ("release", "late") in parent.take_notes()
+
+
+def test_a_gang_reserved_at_start_is_given_back_when_the_trial_asks_another_shape():
+    d, _, _ = desk(gang("pre"))
+    with pytest.raises(TimeoutError):
+        d.reserve([{"CPU": 1}] * 3, timeout=0.05)
+    notes = d.take_notes()
+    assert notes[0] == ("release", "pre") and [n[0] for n in notes[1:]] == ["want", "withdraw"]

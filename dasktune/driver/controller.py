@@ -160,12 +160,12 @@ class TuneController(TrialEvents):
         # one at a time: report() waits for the driver to receive each, so a decision
         # lands at most one iteration late. FIFO runs unthrottled.
         self._sync_reports = bool(_dask_config.get("executor.sync-reports")) or not fifo
-        # Queue-ahead lines only where asking the searcher early costs nothing and the
-        # FIFO scheduler's choice is "the next trial"; an elastic cluster should grow
-        # for a waiting trial instead.
         # Trials that ask for gangs of workers, and the experiment's gang shape.
         self.gangs = GangQueue(executor, plan.gang_shape)
-        # A queued attempt starts with no gang reserved: not for gang trials.
+        # Queue-ahead lines only where asking the searcher early costs nothing and the
+        # FIFO scheduler's choice is "the next trial"; an elastic cluster should grow
+        # for a waiting trial instead. Not for gang trials: a queued attempt would start
+        # with no gang reserved.
         self._queue_next = bool(_dask_config.get("executor.queue-next")) and fifo and \
             not plan.can_scale and suggests_ahead and executor.can_queue and \
             plan.gang_shape is None

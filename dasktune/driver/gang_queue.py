@@ -10,7 +10,8 @@ The experiment's gang shape: once any trial asked for bundles B (or the trainabl
 declared them up front, ``tune.with_resources(fn, ScalingConfig(...))``), the driver
 starts a trial only where its head and B fit together, and reserves B with it
 (:meth:`GangQueue.start_group`): a trial never starts only to wait for workers, so
-``max_concurrent_trials`` needs no hand-tuning.
+``max_concurrent_trials`` needs no hand-tuning. One shape per experiment, the first
+one asked: a trial that asks for another gives the reserved gang back and waits its turn.
 """
 
 from __future__ import annotations

@@ -128,7 +128,6 @@ class DaskExecutor(AttemptPolling, QueuedAttempts, ClusterEvents, GangGrants):
     def running_on(self, addr: str) -> list[str]:
         return [tid for tid, run in self._runs.items() if run.worker == addr]
 
-
     # ------------------------------------------------------------ control
     def start(self, spec: TrialSpec, resources: dict[str, float], worker: str,
               params: dict[str, Any] | None = None) -> None:
@@ -140,7 +139,7 @@ class DaskExecutor(AttemptPolling, QueuedAttempts, ClusterEvents, GangGrants):
         if gpu_ids:
             spec.gpu_ids = gpu_ids
         run = Run(spec=spec, worker=worker, resources=dict(resources),
-                   key=f"dasktune-{spec.trial_id}-{spec.attempt}")
+                  key=f"dasktune-{spec.trial_id}-{spec.attempt}")
         idle = self._idle.get(worker)
         if idle and not spec.gpu_ids:
             # Reuse an actor whose trial ended on this worker: no task round trip

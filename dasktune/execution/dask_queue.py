@@ -59,7 +59,7 @@ class QueuedAttempts:
             return False
         self.withdraw(spec.trial_id)
         run = Run(spec=spec, worker=prev.worker, resources=dict(prev.resources),
-                   key=prev.key, prev=prev)
+                  key=prev.key, prev=prev)
         self._queued[spec.trial_id] = run
         asyncio.run_coroutine_threadsafe(self._enqueue(run), self._loop)
         return True
