@@ -9,7 +9,8 @@ uploads its files into the report's staged folder in the trial's storage, tells 
 controller and waits; once all ranks have reported that index the controller commits
 the staged folder once and answers each rank with the committed checkpoint, and
 ``report`` returns. A report without a checkpoint does not wait (the controller takes
-them in order); the controller's answers to those bring the preemption notice.
+them in order). ``get_preemption_info`` is a barrier too, so every rank gets the same
+notice for the same call.
 """
 
 from __future__ import annotations
@@ -81,9 +82,10 @@ class RankSession:
         self.acks: queue.Queue[tuple[int, str | None]] = queue.Queue()
         self._next = 0
         self._waiting: int | None = None  # the checkpoint report waiting for its commit
+        self.notices: queue.Queue[tuple[int, PreemptionInfo | None]] = queue.Queue()
+        self._asks = 0  # get_preemption_info calls so far
         self.checkpoint: Checkpoint | None = (
             Checkpoint(info.checkpoint_path, info.storage.fs) if info.checkpoint_path else None)
-        self.preemption: PreemptionInfo | None = None
 
     def send(self, message: tuple[Any, ...]) -> None:
         """A message to the controller (``conn`` takes sends from several threads)."""
@@ -114,13 +116,22 @@ class RankSession:
         if path:
             self.checkpoint = Checkpoint(path, self.info.storage.fs)
 
-    def on_ack(self, index: int, path: str | None, preemption: PreemptionInfo | None) -> None:
+    def on_ack(self, index: int, path: str | None) -> None:
         """The controller handled report ``index`` of every rank (the watcher thread
-        calls it): the preemption notice is the newest; a waiting report returns."""
-        self.preemption = preemption
+        calls it): a report waiting for that commit returns."""
         if index == self._waiting:
             self._waiting = None
             self.acks.put((index, path))
+
+    def preemption_info(self) -> PreemptionInfo | None:
+        """As :func:`get_preemption_info`: one answer for all ranks (a barrier)."""
+        ask, self._asks = self._asks, self._asks + 1
+        self.send(("notice?", ask))
+        answered, info = self.notices.get()
+        if answered != ask:
+            raise RuntimeError("train.get_preemption_info: every rank must call it the same "
+                               "number of times")
+        return info
 
 
 _rank: RankSession | None = None
@@ -162,9 +173,10 @@ def get_checkpoint() -> Checkpoint | None:
 
 
 def get_preemption_info() -> PreemptionInfo | None:
-    """The preemption notice the last ``train.report`` brought, or None: a worker of the
-    trial is retiring, so checkpoint now (the group restarts from it elsewhere)."""
-    return _session("get_preemption_info").preemption
+    """A preemption notice, or None: a worker of the trial is retiring, so checkpoint now
+    (the group restarts from it elsewhere). As in Ray, every rank must call it the same
+    number of times: it is a barrier, so all ranks get the same answer for the same call."""
+    return _session("get_preemption_info").preemption_info()
 
 
 class TrainContext:
@@ -216,7 +228,7 @@ class TrainContext:
 
     def get_preemption_info(self) -> PreemptionInfo | None:
         """As :func:`get_preemption_info`."""
-        return self._session.preemption
+        return self._session.preemption_info()
 
 
 def get_context() -> TrainContext:

@@ -133,7 +133,7 @@ class TrainController:
         self._gang, self._retiring = gang, []
         group = WorkerGroup(client, gang.workers, gang.hosts, gang.devices, group_spec,
                             self._on_report, lost=lambda: self._health(client, gang),
-                            interrupt=self._interrupt)
+                            interrupt=self._interrupt, notice=self._preemption)
         group.run()
 
     def _health(self, client: Any, gang: WorkerGang) -> list[str]:
@@ -148,10 +148,9 @@ class TrainController:
         if self.session.must_stop():
             raise StopTrial()  # Tune stopped the trial: the group is stopped on the way out
 
-    def _on_report(self, index: int, metrics: dict[str, Any],
-                   staged: str | None) -> tuple[str | None, PreemptionInfo | None]:
+    def _on_report(self, index: int, metrics: dict[str, Any], staged: str | None) -> str | None:
         """All ranks reported ``index``: commit its checkpoint once, forward rank 0's
-        metrics; the answer every rank gets."""
+        metrics; the committed checkpoint's path."""
         self.last_metrics = metrics
         path = None
         if self.forward:
@@ -162,7 +161,7 @@ class TrainController:
                 path = self._checkpoint_path()
         elif staged is not None:
             path = self.session.commit_staged(staged, dict(metrics))
-        return path, self._preemption()
+        return path
 
     def _preemption(self) -> PreemptionInfo | None:
         """The notice for the ranks: the head's worker retires (the trial is being moved)

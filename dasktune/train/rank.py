@@ -91,7 +91,9 @@ def _watch_controller(conn: Connection, session: RankSession,
         except (EOFError, OSError):
             os._exit(0 if finishing.is_set() else isolation.ORPHAN_EXIT)
         if msg[0] == "ack":
-            session.on_ack(msg[1], msg[2], msg[3])
+            session.on_ack(msg[1], msg[2])
+        elif msg[0] == "notice":
+            session.notices.put((msg[1], msg[2]))
         elif msg[0] == "kill":
             os._exit(isolation.ORPHAN_EXIT)
 

@@ -9,8 +9,9 @@ and receives the loop and its :class:`~dasktune.train.context.RankInfo`.
 
 Reports: when every rank has reported index ``i``, ``on_report(i, metrics_of_rank_0,
 staged_folder_or_None)`` commits and forwards (the controller's job) and its answer --
-the committed checkpoint's path and a preemption notice -- goes back to every rank (a
-rank waits for it only when it reported a checkpoint).
+the committed checkpoint's path -- goes back to every rank (a rank waits for it only
+when it reported a checkpoint). When every rank has made its ``k``-th
+``get_preemption_info`` call, ``notice()`` answers them all alike.
 
 Faults: a rank that raises, a rank's process that dies, a launcher whose connection
 drops (its worker died) or a worker the gang seam reports lost ends the run with
@@ -47,8 +48,8 @@ _START_TIMEOUT_S = 120.0  # launchers and ranks must connect within this (tasks 
 _KILL_WAIT_S = 10.0
 _HEALTH_EVERY_S = 1.0
 
-#: ``on_report(index, rank0_metrics, staged)`` -> (committed path, preemption notice).
-OnReport = Callable[[int, dict[str, Any], str | None], tuple[str | None, PreemptionInfo | None]]
+#: ``on_report(index, rank0_metrics, staged)`` -> the committed checkpoint's path.
+OnReport = Callable[[int, dict[str, Any], str | None], str | None]
 
 
 class GroupFailure(RuntimeError):
@@ -77,7 +78,8 @@ class WorkerGroup:
 
     def __init__(self, client: Client, workers: list[str], hosts: list[str],
                  devices: list[list[str]], spec: GroupSpec, on_report: OnReport,
-                 lost: Callable[[], list[str]], interrupt: Callable[[], None] = lambda: None):
+                 lost: Callable[[], list[str]], interrupt: Callable[[], None] = lambda: None,
+                 notice: Callable[[], PreemptionInfo | None] = lambda: None):
         if len(set(workers)) != len(workers):
             raise ValueError(f"a worker group needs a distinct worker per rank: {workers}")
         self.client = client
@@ -86,6 +88,7 @@ class WorkerGroup:
         self.on_report = on_report
         self.lost = lost  # workers of this group that left the cluster (polled)
         self.interrupt = interrupt  # raises when the trial must stop now (checked often)
+        self.notice = notice  # the preemption notice now (asked by get_preemption_info)
         self.n = len(workers)
         self.rank_pids: dict[int, int] = {}  # rank -> pid of its process
         self._launchers: dict[int, Connection] = {}
@@ -167,6 +170,7 @@ class WorkerGroup:
     def _loop(self) -> None:
         """Gather reports until every rank said done."""
         pending: dict[int, dict[int, tuple[dict[str, Any], bool]]] = {}
+        asks: dict[int, set[int]] = {}  # get_preemption_info call -> ranks that made it
         done: set[int] = set()
         conns = {conn: ("rank", r) for r, conn in self._ranks.items()}
         conns.update({conn: ("launcher", r) for r, conn in self._launchers.items()})
@@ -188,10 +192,23 @@ class WorkerGroup:
                     pending.setdefault(msg[1], {})[rank] = (msg[2], msg[3])
                     if len(pending[msg[1]]) == self.n:
                         self._commit(msg[1], pending.pop(msg[1]))
+                elif msg[0] == "notice?":
+                    asks.setdefault(msg[1], set()).add(rank)
+                    if len(asks[msg[1]]) == self.n:
+                        del asks[msg[1]]
+                        info = self.notice()
+                        for conn_ in self._ranks.values():
+                            with contextlib.suppress(OSError):
+                                conn_.send(("notice", msg[1], info))
                 elif msg[0] == "done":
                     if msg[1] is not None:
                         raise GroupFailure(f"rank {rank} raised:\n{msg[1]}", rank_error=msg[1])
                     done.add(rank)
+                if any(done - got for got in asks.values()):
+                    raise GroupFailure(
+                        "a rank ended without a train.get_preemption_info call that other "
+                        "ranks made: every rank must call it the same number of times",
+                        rank_error="get_preemption_info called a different number of times")
                 unmatched = [i for i, got in pending.items() if done - set(got)]
                 if unmatched:  # a rank ended without a report the others made
                     raise GroupFailure(
@@ -210,11 +227,11 @@ class WorkerGroup:
         if any(has for _, has in reports.values()):
             staged = posixpath.join(self.spec.info.trial_path,
                                     staged_dir_name(self.spec.info.group, index))
-        path, preemption = self.on_report(index, reports[0][0], staged)
+        path = self.on_report(index, reports[0][0], staged)
         for conn in self._ranks.values():
             # A rank whose loop ended does not wait for the answer to its last reports.
             with contextlib.suppress(OSError):
-                conn.send(("ack", index, path, preemption))
+                conn.send(("ack", index, path))
 
     def _check_health(self) -> None:
         now = time.monotonic()
