@@ -101,6 +101,7 @@ class WorkerGroup:
         """Run the group to its end; raises :class:`GroupFailure` (or what ``on_report``
         raised) after stopping every rank."""
         key = secrets.token_bytes(16)
+        run = secrets.token_hex(4)
         listener = Listener((self.spec.listen_host, 0), authkey=key, backlog=2 * self.n + 4)
         incoming: list[tuple[str, int, Connection, tuple[Any, ...]]] = []
         arrived = threading.Condition()
@@ -110,7 +111,9 @@ class WorkerGroup:
             self._futures = [
                 self.client.submit(run_rank, listener.address, key, rank, host,
                                    workers=[addr], allow_other_workers=False, pure=False,
-                                   key=f"dasktune-rank-{self.spec.info.group}-{rank}")
+                                   # Unique: a key two trials shared would run once.
+                                   key=f"dasktune-rank-{self.spec.info.trial_id}-"
+                                       f"{self.spec.info.group}-{rank}-{run}")
                 for rank, (addr, host) in enumerate(zip(self.workers, self.hosts))]
             hellos = self._gather(incoming, arrived, "launcher")
             master_port = hellos[0][3]
