@@ -59,22 +59,23 @@ from dasktune.shipping import dumps_trainable
 if TYPE_CHECKING:
     from dasktune.session import TrialSpec
 
-__all__ = ["STOP_GRACE_S", "TrialProcessError", "child_devices", "run_in_process",
+__all__ = ["ORPHAN_EXIT", "STOP_GRACE_S", "TrialProcessError", "child_devices", "child_env",
+           "describe_exit", "die_with_parent", "reap", "run_in_process", "spawn",
            "wants_process"]
 
 #: Seconds a child may run on after a stop-now request before it is terminated.
 STOP_GRACE_S = 5.0
 _DONE_GRACE_S = 10.0  # a child that said "done" but does not exit is killed after this
 _POLL_S = 0.1
-_ORPHAN_EXIT = 70  # exit status of a child whose parent went away
+ORPHAN_EXIT = 70  # exit status of a child whose parent (or controller) went away
 
 # The worker's own device list, read before any in-thread trial overwrites the
 # process-wide CUDA_VISIBLE_DEVICES (the actor module imports this one).
 _WORKER_VISIBLE = parse_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
 
-_BOOT = ("import json, sys; sys.path[:0] = json.loads(sys.argv[3]); "
-         "from dasktune.isolation import _child_main; _child_main(int(sys.argv[1]), "
-         "int(sys.argv[2]))")
+# The child's first line: this process's import path, then ``module:function(*args)``.
+_BOOT = ("import importlib, json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
+         "m, f = sys.argv[2].split(':'); getattr(importlib.import_module(m), f)(*sys.argv[3:])")
 
 
 class TrialProcessError(RuntimeError):
@@ -128,17 +129,11 @@ def run_in_process(attempt: Attempt, worker_address: str,
     spec.trainable = dumps_trainable(attempt.spec.trainable)
     payload = cloudpickle.dumps((spec, attempt.params, worker_address, cluster))
 
-    env = dict(os.environ)
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
-    if root := scratch.root():  # the child's temp files go where Dask cleans up after a crash
-        env["TMPDIR"] = root
     mine, theirs = socket.socketpair()
     try:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _BOOT, str(theirs.fileno()), str(os.getpid()),
-             json.dumps([p for p in sys.path if isinstance(p, str)])],
-            env=env, pass_fds=(theirs.fileno(),), cwd=os.getcwd(),
-        )
+        proc = spawn("dasktune.isolation:_child_main",
+                     [str(theirs.fileno()), str(os.getpid())], child_env(devices),
+                     pass_fds=(theirs.fileno(),))
     except BaseException:
         mine.close()
         raise
@@ -154,12 +149,12 @@ def run_in_process(attempt: Attempt, worker_address: str,
     finally:
         conn.close()
         # Closing the socket ends a child that ignored a stop (its watchdog sees EOF);
-        # _reap escalates to SIGTERM/SIGKILL if even that does not end it.
-        code = _reap(proc, _DONE_GRACE_S)
+        # reap escalates to SIGTERM/SIGKILL if even that does not end it.
+        code = reap(proc, _DONE_GRACE_S)
     if error:
         raise TrialProcessError(f"the trial raised in its process (pid {proc.pid}):\n{error}")
     if not done and not stopped:
-        raise TrialProcessError(f"the trial's process (pid {proc.pid}) {_describe_exit(code)}")
+        raise TrialProcessError(f"the trial's process (pid {proc.pid}) {describe_exit(code)}")
 
 
 def _relay(attempt: Attempt, conn: Connection,
@@ -184,7 +179,7 @@ def _relay(attempt: Attempt, conn: Connection,
             sent_now = True
             kill_at = time.monotonic() + STOP_GRACE_S
         if kill_at is not None and time.monotonic() > kill_at:
-            return False, None, True  # ignored the stop: _reap terminates it
+            return False, None, True  # ignored the stop: reap terminates it
         if not conn.poll(_POLL_S):
             if proc.poll() is not None and not conn.poll(0):
                 return False, None, sent_now
@@ -201,7 +196,29 @@ def _relay(attempt: Attempt, conn: Connection,
             return True, msg[1], sent_now
 
 
-def _reap(proc: subprocess.Popen[bytes], grace: float) -> int:
+def child_env(devices: list[str]) -> dict[str, str]:
+    """The environment of a child that runs trial code: this process's, seeing exactly
+    ``devices``, its temp files where Dask cleans up after a crash."""
+    env = dict(os.environ)
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+    if root := scratch.root():
+        env["TMPDIR"] = root
+    return env
+
+
+def spawn(entry: str, args: list[str], env: dict[str, str],
+          pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
+    """Start a fresh interpreter that calls ``entry`` (``"module:function"``) with the
+    string ``args``, on this process's import path (a fresh interpreter, not
+    ``multiprocessing``: see the module docs)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", _BOOT, json.dumps([p for p in sys.path if isinstance(p, str)]),
+         entry, *args],
+        env=env, pass_fds=pass_fds, cwd=os.getcwd(),
+    )
+
+
+def reap(proc: subprocess.Popen[bytes], grace: float) -> int:
     """Wait up to ``grace`` s for the child, then terminate it (then kill); its exit code."""
     try:
         return proc.wait(grace)
@@ -215,7 +232,7 @@ def _reap(proc: subprocess.Popen[bytes], grace: float) -> int:
         return proc.wait()
 
 
-def _describe_exit(code: int | None) -> str:
+def describe_exit(code: int | None) -> str:
     if code is None:
         return "did not exit"
     if code < 0:
@@ -224,13 +241,13 @@ def _describe_exit(code: int | None) -> str:
         except ValueError:
             name = f"signal {-code}"
         return f"was killed by {name} (exit code {code})"
-    if code == _ORPHAN_EXIT:
+    if code == ORPHAN_EXIT:
         return f"exited with code {code} (it lost contact with the worker)"
     return f"exited with code {code} before the trial finished"
 
 
 # ----------------------------------------------------------------------------------- child
-def _die_with_parent(parent_pid: int) -> None:
+def die_with_parent(parent_pid: int) -> None:
     """Linux: SIGKILL this process when its parent thread dies; exit if it already has."""
     if sys.platform.startswith("linux"):
         try:
@@ -241,7 +258,7 @@ def _die_with_parent(parent_pid: int) -> None:
         except (OSError, AttributeError):
             pass  # the socket watchdog still covers a vanished parent
     if os.getppid() != parent_pid:
-        os._exit(_ORPHAN_EXIT)
+        os._exit(ORPHAN_EXIT)
 
 
 def _watch_parent(conn: Connection, attempt: Attempt) -> None:
@@ -250,7 +267,7 @@ def _watch_parent(conn: Connection, attempt: Attempt) -> None:
         try:
             msg = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):
-            os._exit(_ORPHAN_EXIT)
+            os._exit(ORPHAN_EXIT)
         if msg[0] == "checkpoint":
             attempt.checkpoint_now.set()
         elif msg[0] == "stop":
@@ -261,10 +278,10 @@ def _watch_parent(conn: Connection, attempt: Attempt) -> None:
             attempt.gangs.apply_answers(msg[1])
 
 
-def _child_main(fd: int, parent_pid: int) -> None:
+def _child_main(fd: str, parent_pid: str) -> None:
     """Entry point of the trial process: run the attempt, relay to the parent, exit."""
-    _die_with_parent(parent_pid)
-    conn = Connection(fd)
+    die_with_parent(int(parent_pid))
+    conn = Connection(int(fd))
     spec, params, worker_address, cluster = cloudpickle.loads(conn.recv_bytes())
     spec.trainable = cloudpickle.loads(spec.trainable)
     send_lock = threading.Lock()  # user threads may report too

@@ -11,7 +11,8 @@ from __future__ import annotations
 import posixpath
 import re
 
-__all__ = ["CHECKPOINT_PREFIX", "checkpoint_dir_name", "checkpoint_index"]
+__all__ = ["CHECKPOINT_PREFIX", "STAGED_PREFIX", "checkpoint_dir_name", "checkpoint_index",
+           "staged_dir_name"]
 
 CHECKPOINT_PREFIX = "checkpoint_"
 _CHECKPOINT_RE = re.compile(rf"^{CHECKPOINT_PREFIX}(\d{{6,}})$")
@@ -29,3 +30,14 @@ def checkpoint_index(path: str) -> int | None:
     when that name is not a checkpoint folder's (``.tmp_checkpoint_...``, ``params.json``)."""
     m = _CHECKPOINT_RE.match(posixpath.basename(str(path).rstrip("/")))
     return int(m.group(1)) if m else None
+
+
+#: Prefix of a staged checkpoint: the ranks of a multi-worker trial upload their files
+#: there; the trial commits it under its ``checkpoint_<index>`` name (hidden: restore
+#: and listings never take it for a checkpoint).
+STAGED_PREFIX = ".staged_"
+
+
+def staged_dir_name(group: str, report: int) -> str:
+    """The staged folder of report number ``report`` of the worker group ``group``."""
+    return f"{STAGED_PREFIX}{group}_{report:06d}"

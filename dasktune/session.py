@@ -160,28 +160,50 @@ class TrialSession:
     def commit_checkpoint(self, checkpoint: Checkpoint, result: dict[str, Any]) -> str:
         """Upload a checkpoint into the trial's folder and commit it (manifest last)."""
         spec = self.spec
-        meta = {
-            "trial_id": spec.trial_id,
-            "attempt": spec.attempt,
+        with checkpoint.as_directory() as local:
+            try:
+                path = spec.storage.commit_checkpoint(local, spec.trial_path,
+                                                      self.checkpoint_index,
+                                                      self._checkpoint_meta(result),
+                                                      fenced=self._fenced)
+            except CommitFenced:
+                raise StopTrial() from None
+        return self._committed(path)
+
+    def commit_staged(self, staged: str, result: dict[str, Any]) -> str:
+        """Commit the folder ``staged`` in the experiment's storage (filled by the ranks
+        of a multi-worker trial) as the trial's next checkpoint, with the same manifest,
+        naming and fencing as :meth:`commit_checkpoint`."""
+        spec = self.spec
+        try:
+            path = spec.storage.commit_staged(staged, spec.trial_path, self.checkpoint_index,
+                                              self._checkpoint_meta(result),
+                                              fenced=self._fenced)
+        except CommitFenced:
+            raise StopTrial() from None
+        return self._committed(path)
+
+    def _checkpoint_meta(self, result: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "trial_id": self.spec.trial_id,
+            "attempt": self.spec.attempt,
             "training_iteration": result.get("training_iteration", self.iteration),
             "time_total_s": result.get("time_total_s", self.time_total),
             # The result this checkpoint was reported with: a driver that never received
             # the report (its worker died) can still log it when it resumes from here.
             "result": {k: v for k, v in result.items() if k != "config"},
         }
-        with checkpoint.as_directory() as local:
-            try:
-                path = spec.storage.commit_checkpoint(local, spec.trial_path,
-                                                      self.checkpoint_index, meta,
-                                                      fenced=self._fenced)
-            except CommitFenced:
-                raise StopTrial() from None
+
+    def _committed(self, path: str) -> str:
         index = checkpoint_index(path)
         self.checkpoint_index = self.checkpoint_index if index is None else index + 1
-        self.latest_checkpoint = Checkpoint(path, spec.storage.fs)
+        self.latest_checkpoint = Checkpoint(path, self.spec.storage.fs)
         return path
 
-    def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> None:
+    def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None,
+               staged: str | None = None) -> None:
+        """One result of the trial; with ``checkpoint`` (a local one) or ``staged`` (a
+        folder in storage, see :meth:`commit_staged`), committed first."""
         if not isinstance(metrics, dict):
             raise TypeError(f"tune.report: metrics must be a dict, got {type(metrics).__name__}")
         if self._should_stop():
@@ -190,6 +212,9 @@ class TrialSession:
         path = None
         if checkpoint is not None:
             path = self.commit_checkpoint(checkpoint, result)
+        elif staged is not None:
+            path = self.commit_staged(staged, result)
+        if path is not None:
             result["checkpoint_dir_name"] = path.rsplit("/", 1)[-1]
         hit = stop_dict_hit(self.spec.stop, result)
         if hit:
@@ -198,6 +223,15 @@ class TrialSession:
         self._emit(result, path)
         if hit or self._should_stop(path is not None):
             raise StopTrial()
+
+    def must_stop(self) -> bool:
+        """Whether the driver asked this attempt to stop now (or fenced it)."""
+        return self._should_stop()
+
+    def stop_pending(self) -> bool:
+        """Whether the driver asked this attempt to stop (now, or after its next
+        checkpoint: a worker retiring), for code that runs the trial's work elsewhere."""
+        return self._should_stop(True)
 
     @property
     def done(self) -> bool:
@@ -309,6 +343,11 @@ def _current(what: str) -> TrialSession | None:
         live = list(_sessions.values())
     # A thread the user started inside a trial: unambiguous only if one trial runs here.
     return live[0] if len(live) == 1 else None
+
+
+def current_session() -> TrialSession | None:
+    """The trial running in this thread (or the only one in this process), or None."""
+    return _current("session")
 
 
 def report(metrics: dict[str, Any] | None = None, *, checkpoint: Checkpoint | None = None,

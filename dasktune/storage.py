@@ -406,19 +406,8 @@ class ExperimentStorage:
         raised, so a zombie never commits into a trial another attempt now writes.
         """
         fs = self.fs
-        while True:
-            dest = posixpath.join(trial_path, checkpoint_dir_name(index))
-            if not self.exists(dest):
-                break
-            index += 1
-        files: dict[str, int] = {}
-        for dirpath, _dirs, names in os.walk(local_dir):
-            for fname in names:
-                full = os.path.join(dirpath, fname)
-                rel = os.path.relpath(full, local_dir).replace(os.sep, "/")
-                if rel == MANIFEST:
-                    continue
-                files[rel] = os.path.getsize(full)
+        dest, index = self._free_checkpoint_dir(trial_path, index)
+        files = _local_files(local_dir)
         if self.is_local:
             # Copy into a hidden sibling, then rename: the directory appears whole.
             tmp = posixpath.join(trial_path, f".tmp_{os.path.basename(dest)}_{uuid.uuid4().hex[:6]}")
@@ -430,12 +419,64 @@ class ExperimentStorage:
             rpaths = [posixpath.join(dest, rel) for rel in files]
             # Files stream from disk, in parallel (see put_files).
             retry(lambda: put_files(fs, lpaths, rpaths), self.uri_of(dest))
+        return self._seal(dest, index, files, metadata, fenced)
+
+    def stage_files(self, local_dir: str, staged: str) -> None:
+        """Upload ``local_dir``'s files into the folder ``staged`` of this store, beside
+        what others put there (several processes fill one staged checkpoint; see
+        :meth:`commit_staged`)."""
+        files = _local_files(local_dir)
+        if self.is_local:
+            shutil.copytree(local_dir, staged, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns(MANIFEST))
+            return
+        lpaths = [os.path.join(local_dir, *rel.split("/")) for rel in files]
+        rpaths = [posixpath.join(staged, rel) for rel in files]
+        retry(lambda: put_files(self.fs, lpaths, rpaths), self.uri_of(staged))
+
+    def commit_staged(self, staged: str, trial_path: str, index: int,
+                      metadata: dict[str, Any],
+                      fenced: Callable[[], bool] | None = None) -> str:
+        """Commit the folder ``staged`` (filled by :meth:`stage_files`) as the trial's
+        next checkpoint, as :meth:`commit_checkpoint` does a local folder: moved to its
+        ``checkpoint_NNNNNN`` name (a rename on a local store), manifest last."""
+        fs = self.fs
+        dest, index = self._free_checkpoint_dir(trial_path, index)
+        if self.is_local:
+            os.makedirs(staged, exist_ok=True)  # every rank reported a checkpoint of nothing
+            files = _local_files(staged)
+            os.replace(staged, dest)
+        else:
+            found = fs.find(staged, detail=True) if fs.exists(staged) else {}
+            root = fs._strip_protocol(staged)
+            files = {posixpath.relpath(fs._strip_protocol(p), root): int(info.get("size") or 0)
+                     for p, info in found.items()}
+            if files:  # an object store cannot rename: copy each file, then drop the stage
+                names = list(files)
+                retry(lambda: fs.copy([posixpath.join(staged, n) for n in names],
+                                      [posixpath.join(dest, n) for n in names]),
+                      self.uri_of(dest))
+                fs.rm(staged, recursive=True)
+        return self._seal(dest, index, files, metadata, fenced)
+
+    def _free_checkpoint_dir(self, trial_path: str, index: int) -> tuple[str, int]:
+        """The first ``checkpoint_NNNNNN`` folder from ``index`` on that does not exist."""
+        while True:
+            dest = posixpath.join(trial_path, checkpoint_dir_name(index))
+            if not self.exists(dest):
+                return dest, index
+            index += 1
+
+    def _seal(self, dest: str, index: int, files: dict[str, int], metadata: dict[str, Any],
+              fenced: Callable[[], bool] | None) -> str:
+        """Commit the checkpoint whose ``files`` are in ``dest``: its manifest, written last
+        (unless ``fenced`` says the attempt was given up: then the files go)."""
         if fenced is not None and fenced():
             try:
                 if self.is_local:
                     shutil.rmtree(dest, ignore_errors=True)
                 else:
-                    fs.rm(dest, recursive=True)
+                    self.fs.rm(dest, recursive=True)
             except Exception:  # noqa: BLE001 - uncommitted files are ignored by restore
                 pass
             raise CommitFenced(f"checkpoint {self.uri_of(dest)} not committed: the attempt "
@@ -563,6 +604,18 @@ class ExperimentStorage:
         state = self.__dict__.copy()
         state["_io"] = None  # a thread stays with its process
         return state
+
+
+def _local_files(local_dir: str) -> dict[str, int]:
+    """The files under ``local_dir`` (``/``-separated relative path: size), no manifest."""
+    files: dict[str, int] = {}
+    for dirpath, _dirs, names in os.walk(local_dir):
+        for fname in names:
+            full = os.path.join(dirpath, fname)
+            rel = os.path.relpath(full, local_dir).replace(os.sep, "/")
+            if rel != MANIFEST:
+                files[rel] = os.path.getsize(full)
+    return files
 
 
 def _open_for_append(path: str, header: bytes) -> tuple[io.BufferedWriter, int]:

@@ -10,7 +10,12 @@ Starts dasktune's embedded cluster as one worker process that holds every detect
   ``CUDA_VISIBLE_DEVICES``, the device count and the PCI bus id;
 * one CPU-only trial, which must see no CUDA device.
 
-Prints a JSON summary; exits 1 if isolation failed, 0 if it held or when there is no GPU
+Then, on a host with two GPUs or more, a 2-GPU DDP trial: ``dasktune.train.torch.TorchTrainer``
+with ``ScalingConfig(num_workers=2, use_gpu=True)`` on an embedded cluster of two worker
+processes (one GPU each): both ranks must use nccl, see one distinct device each, and
+``all_reduce`` and a DDP backward step must work across them (skipped with fewer GPUs).
+
+Prints a JSON summary; exits 1 if a check failed, 0 if they held or when there is no GPU
 or no torch here (skipped). Usage: ``python scripts/gpu_check.py [--timeout SECONDS]``.
 """
 
@@ -118,6 +123,68 @@ def run_trials(per_trial: float, timeout: float) -> list[dict[str, Any]]:
         return out
 
 
+def ddp_loop(config: dict[str, Any]) -> None:
+    """A rank of the 2-GPU DDP trial: rank 0 reports what every rank saw."""
+    import torch
+    import torch.distributed as dist
+
+    from dasktune import train
+    from dasktune.train.torch import get_device, prepare_model
+
+    device = get_device()
+    model = prepare_model(torch.nn.Linear(8, 1))
+    model(torch.ones(4, 8, device=device)).sum().backward()  # DDP's gradient all-reduce
+    total = torch.tensor([dist.get_rank() + 1.0], device=device)
+    dist.all_reduce(total)
+    seen = {"rank": dist.get_rank(), "backend": dist.get_backend(),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "device_count": torch.cuda.device_count(), "device": str(device),
+            "pci_bus_id": torch.cuda.get_device_properties(device).pci_bus_id
+            if hasattr(torch.cuda.get_device_properties(device), "pci_bus_id") else None,
+            "wrapped": type(model).__name__, "sum": total.item()}
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, seen)
+    train.report({"ranks": json.dumps(everyone)})
+
+
+def run_ddp(gpus: list[GPUInfo]) -> dict[str, Any]:
+    """The 2-GPU DDP trial; ``{"skipped": why}`` with fewer than two GPUs, else
+    ``{"failures": [...], "ranks": [...]}``."""
+    if len(gpus) < 2:
+        return {"skipped": f"the 2-GPU DDP trial needs 2 GPUs, this host has {len(gpus)}"}
+    from dasktune import train
+    from dasktune.train.torch import TorchTrainer
+
+    tune.init(num_cpus=2, dashboard_address="127.0.0.1:0")  # two workers, a GPU each
+    try:
+        with tempfile.TemporaryDirectory(prefix="dasktune-gpu-ddp-") as tmp:
+            result = TorchTrainer(
+                ddp_loop, scaling_config=train.ScalingConfig(num_workers=2, use_gpu=True),
+                run_config=train.RunConfig(name="gpu_ddp", storage_path=tmp)).fit()
+            ranks = json.loads(result.metrics["ranks"])
+    except Exception as exc:  # noqa: BLE001 - reported as the check's failure
+        return {"failures": [f"the DDP trial failed: {exc}"[-2000:]], "ranks": []}
+    finally:
+        tune.shutdown()
+    failures = []
+    if sorted(r["rank"] for r in ranks) != [0, 1]:
+        failures.append(f"expected ranks 0 and 1, got {ranks}")
+    for r in ranks:
+        if r["backend"] != "nccl":
+            failures.append(f"rank {r['rank']} used {r['backend']}, not nccl")
+        if r["device_count"] != 1:
+            failures.append(f"rank {r['rank']} sees {r['device_count']} devices, not 1")
+        if r["sum"] != 3.0 or r["wrapped"] != "DistributedDataParallel":
+            failures.append(f"rank {r['rank']}: all_reduce {r['sum']} (3 expected), model "
+                            f"{r['wrapped']}")
+    if len({r["cuda_visible_devices"] for r in ranks}) != len(ranks):
+        failures.append(f"the ranks share a device: {ranks}")
+    buses = [r["pci_bus_id"] for r in ranks if r["pci_bus_id"]]
+    if len(set(buses)) != len(buses):
+        failures.append(f"the ranks run on the same PCI device: {buses}")
+    return {"failures": failures, "ranks": ranks}
+
+
 def _expected_gpu(token: str, gpus: list[GPUInfo]) -> GPUInfo | None:
     for g in gpus:
         if (token.isdigit() and g.index == int(token)) or (g.uuid and g.uuid.startswith(token)):
@@ -193,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"ok": False, "failures": ["torch sees CUDA, detection found none"]}))
             return 1
         print("SKIP: no GPU on this host")
+        print(f"SKIP: {run_ddp(gpus)['skipped']}")
         return 0
 
     print(f"host resources: {format_resources(host)}", file=sys.stderr)
@@ -205,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         tune.shutdown()
     failures = check(results, gpus, shared=per_trial < 1)
+    ddp = run_ddp(gpus)
+    failures += ddp.get("failures", [])
     summary = {
         "ok": not failures,
         "failures": failures,
@@ -212,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         "gpu_per_trial": per_trial,
         "gpus": [dataclasses.asdict(g) for g in gpus],
         "tasks": results,
+        "ddp": ddp,
     }
     print(json.dumps(summary, indent=2, default=str))
     return 0 if summary["ok"] else 1

@@ -1,0 +1,181 @@
+"""Multi-worker trials: dasktune's ``TorchTrainer`` against plain ``torch.multiprocessing``
++ gloo (and Ray 2.60's ``TorchTrainer`` in a Tune driver function, when ``ray`` is
+installed), the same loop in the same run, on CPU.
+
+(a) first report: seconds from ``fit()`` (or from spawning the processes) to rank 0's
+    first report of a 2-worker run;
+(b) per step: median seconds per step of a small DDP model (2 ranks, a report every
+    step; plain torch sends the same metrics to its parent through a queue).
+
+Prints each figure and the ratios dasktune/plain and dasktune/Ray (lower is better).
+The targets (issue 23): per-step overhead <= 5% over plain torch; first report >= 5x
+sooner than Ray's.
+
+    python benchmarks/distributed.py               # 2 ranks, 200 steps
+    python benchmarks/distributed.py --steps 50 --repeat 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+# Run as a script, this file's folder comes first on sys.path, and this file's name would
+# shadow the ``distributed`` package that dasktune imports.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+
+WIDTH, BATCH = 256, 64
+
+
+def _model_loop(config: dict[str, Any], report: Any) -> None:
+    """The measured loop: a small MLP under DDP, one report per step (rank 0's kept)."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.set_num_threads(1)
+    torch.manual_seed(dist.get_rank())
+    model = DistributedDataParallel(torch.nn.Sequential(
+        torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU(), torch.nn.Linear(WIDTH, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(BATCH, WIDTH), torch.randn(BATCH, 1)
+    for step in range(config["steps"]):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        report({"step": step, "loss": loss.item(), "t": time.time()})
+
+
+def _step_times(rows: list[dict[str, Any]], warmup: int) -> float:
+    """Median seconds between consecutive reports, after ``warmup`` steps."""
+    ts = [r["t"] for r in sorted(rows, key=lambda r: r["step"])][warmup:]
+    return statistics.median(b - a for a, b in zip(ts, ts[1:]))
+
+
+# -------------------------------------------------------------------- plain torch
+def _plain_rank(rank: int, world: int, port: int, config: dict[str, Any], queue: Any) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    _model_loop(config, (lambda m: queue.put(m)) if rank == 0 else (lambda m: None))
+    dist.destroy_process_group()
+
+
+def run_plain(world: int, steps: int) -> tuple[float, list[dict[str, Any]]]:
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    t0 = time.time()
+    procs = mp.start_processes(_plain_rank, args=(world, port, {"steps": steps}, queue),
+                               nprocs=world, join=False, start_method="spawn")
+    rows = [queue.get() for _ in range(steps)]
+    procs.join()
+    return rows[0]["t"] - t0, rows
+
+
+# ----------------------------------------------------------------------- dasktune
+def _dasktune_loop(config: dict[str, Any]) -> None:
+    from dasktune import train
+
+    _model_loop(config, train.report)
+
+
+def run_dasktune(world: int, steps: int, storage: str) -> tuple[float, list[dict[str, Any]]]:
+    from dasktune import train
+    from dasktune.train.torch import TorchTrainer
+
+    t0 = time.time()
+    result = TorchTrainer(
+        _dasktune_loop, train_loop_config={"steps": steps},
+        scaling_config=train.ScalingConfig(num_workers=world),
+        run_config=train.RunConfig(storage_path=storage, verbose=0)).fit()
+    rows = result.metrics_dataframe.to_dict("records")
+    return min(r["t"] for r in rows) - t0, rows
+
+
+# ---------------------------------------------------------------------------- ray
+def _ray_driver(config: dict[str, Any]) -> None:
+    from ray import train
+    from ray.train.torch import TorchTrainer
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    TorchTrainer(lambda c: _model_loop(c, train.report), train_loop_config=config,
+                 scaling_config=train.ScalingConfig(num_workers=config["world"]),
+                 run_config=train.RunConfig(callbacks=[TuneReportCallback()])).fit()
+
+
+def run_ray(world: int, steps: int, storage: str) -> tuple[float, list[dict[str, Any]]]:
+    from ray import tune
+
+    t0 = time.time()
+    grid = tune.Tuner(_ray_driver, param_space={"steps": steps, "world": world},
+                      run_config=tune.RunConfig(storage_path=storage, verbose=0)).fit()
+    rows = grid[0].metrics_dataframe.to_dict("records")
+    return min(r["t"] for r in rows) - t0, rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--repeat", type=int, default=2, help="runs of each, best kept")
+    args = parser.parse_args()
+    warmup = min(10, args.steps // 4)
+    try:
+        import ray  # noqa: F401
+        has_ray = True
+    except ImportError:
+        has_ray = False
+    import dasktune
+
+    # One slot per worker process, as many processes as ranks (the head takes no CPU).
+    dasktune.init(num_cpus=args.workers, dashboard_address="127.0.0.1:0")
+    figures: dict[str, list[tuple[float, float]]] = {"plain": [], "dasktune": [], "ray": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(args.repeat):  # alternating, so load drifts hit both alike
+            first, rows = run_plain(args.workers, args.steps)
+            figures["plain"].append((first, _step_times(rows, warmup)))
+            first, rows = run_dasktune(args.workers, args.steps, os.path.join(tmp, "dt"))
+            figures["dasktune"].append((first, _step_times(rows, warmup)))
+        dasktune.shutdown()
+        if has_ray:
+            import ray
+
+            ray.init(num_cpus=args.workers + 1, include_dashboard=False,
+                     log_to_driver=False)
+            for _ in range(args.repeat):
+                first, rows = run_ray(args.workers, args.steps, os.path.join(tmp, "ray"))
+                figures["ray"].append((first, _step_times(rows, warmup)))
+            ray.shutdown()
+    best = {k: (min(f for f, _ in v), min(s for _, s in v)) for k, v in figures.items() if v}
+    print(f"{args.workers} ranks, {args.steps} steps, MLP {WIDTH}x{WIDTH}, batch {BATCH}, "
+          f"gloo on CPU; best of {args.repeat}")
+    print(f"{'':10} {'first report (s)':>17} {'per step (ms)':>14}")
+    for name, (first, step) in best.items():
+        print(f"{name:10} {first:17.2f} {step * 1e3:14.2f}")
+    d = best["dasktune"]
+    p = best["plain"]
+    print(f"dasktune/plain: first report {d[0] / p[0]:.2f}x, per step {d[1] / p[1]:.3f}x")
+    if "ray" in best:
+        r = best["ray"]
+        print(f"dasktune/ray:   first report {d[0] / r[0]:.2f}x, per step {d[1] / r[1]:.3f}x")
+    else:
+        print("ray: not installed, not measured")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""``dasktune.train``'s public surface without a cluster: Ray Train V2's names and
+defaults, clear errors for bad input, and the staged checkpoint commit."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from dasktune import train
+from dasktune.integration.ray_train import TuneReportCallback
+from dasktune.storage import ExperimentStorage
+from dasktune.train.torch import TorchConfig, TorchTrainer
+
+
+def test_scaling_config_bundles_follow_rays_convention():
+    sc = train.ScalingConfig(num_workers=3)
+    pgf = sc.as_placement_group_factory()
+    assert pgf.bundles == [{"CPU": 0.0}, {"CPU": 1.0}, {"CPU": 1.0}, {"CPU": 1.0}]
+    assert pgf.strategy == "PACK" and pgf.head_bundle_is_empty
+    assert sc.worker_bundles() == [{"CPU": 1.0}] * 3
+    gpu = train.ScalingConfig(num_workers=2, use_gpu=True, placement_strategy="SPREAD")
+    assert gpu.worker_bundles() == [{"GPU": 1.0}] * 2 and gpu.uses_gpu
+    assert gpu.as_placement_group_factory().strategy == "SPREAD"
+    custom = train.ScalingConfig(num_workers=2, resources_per_worker={"CPU": 2, "GPU": 1},
+                                 trainer_resources={"CPU": 1})
+    assert custom.total_resources == {"CPU": 5.0, "GPU": 2.0}
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"num_workers": 0}, "num_workers must be an int >= 1"),
+    ({"num_workers": (1, 4)}, "elastic"),
+    ({"num_workers": 2, "placement_strategy": "RANDOM"}, "placement_strategy"),
+    ({"num_workers": 2, "resources_per_worker": {"CPU": -1}}, "finite number >= 0"),
+    ({"num_workers": 2, "use_gpu": True, "resources_per_worker": {"CPU": 1}}, "asks for no GPU"),
+])
+def test_scaling_config_rejects_bad_input(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        train.ScalingConfig(**kwargs)
+
+
+def test_trainer_rejects_what_it_cannot_do_before_any_work():
+    def loop(config):
+        pass
+
+    with pytest.raises(ValueError, match="datasets"):
+        TorchTrainer(loop, datasets={"train": object()})
+    with pytest.raises(TypeError, match="scaling_config"):
+        TorchTrainer(loop, scaling_config={"num_workers": 2})
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        TorchTrainer(loop, scaling=2)
+    with pytest.raises(TypeError, match="function"):
+        TorchTrainer("loop")
+    with pytest.raises(ValueError, match="backend"):
+        TorchConfig(backend="mpi")
+
+
+def test_rank_api_and_callback_outside_their_places_raise():
+    with pytest.raises(RuntimeError, match="outside of a training worker"):
+        train.report({"x": 1})
+    with pytest.raises(RuntimeError, match="outside of a training worker"):
+        train.get_context()
+    with pytest.raises(RuntimeError, match="Tune session"):
+        TuneReportCallback()
+
+
+def test_checkpoint_staged_by_several_ranks_commits_once_with_every_file(tmp_path):
+    storage = ExperimentStorage(str(tmp_path), "exp")
+    trial = storage.trial_path("trial_0")
+    staged = os.path.join(trial, ".staged_a1r1_000000")
+    for rank in (0, 1):
+        src = tmp_path / f"rank{rank}"
+        (src / "sub").mkdir(parents=True)
+        (src / "sub" / f"shard{rank}.bin").write_bytes(b"x" * (rank + 3))
+        storage.stage_files(str(src), staged)
+    path = storage.commit_staged(staged, trial, 0, {"trial_id": "t"})
+    assert path.endswith("checkpoint_000000") and not os.path.exists(staged)
+    assert storage.is_committed(path)
+    assert storage.read_manifest(path)["files"] == {"sub/shard0.bin": 3, "sub/shard1.bin": 4}
+    # The next one takes the next name, as a single-worker trial's would.
+    os.makedirs(staged)
+    assert storage.commit_staged(staged, trial, 0, {}).endswith("checkpoint_000001")
