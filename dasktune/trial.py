@@ -19,6 +19,8 @@ from typing import Any
 
 import cloudpickle
 
+from dasktune.config import PlacementGroupFactory
+
 logger = logging.getLogger(__name__)
 
 PENDING = "PENDING"
@@ -117,6 +119,11 @@ class Trial:
 
     def __str__(self) -> str:
         return self.trial_name  # Ray: str(trial) is its name
+
+    @property
+    def placement_group_factory(self) -> PlacementGroupFactory:
+        """Ray's name for the trial's current resources (one bundle: one actor)."""
+        return PlacementGroupFactory([dict(self.resources)])
 
     # --------------------------------------------------------------- status
     def set_status(self, status: str) -> None:
