@@ -19,6 +19,7 @@ from numbers import Integral
 from typing import Any
 
 import dask.config
+from dask import system
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ def _worker_cpus(num_cpus: int | None, n_workers: int | None,
     CPUs on one worker (ResourceChangingScheduler). Without ``num_cpus``: a worker per
     core (or ``n_workers``), each with ``threads_per_worker`` CPUs (1).
     """
-    cores = os.cpu_count() or 1
+    cores = system.CPU_COUNT  # what this process may use (affinity, cgroup quota)
     if num_cpus is None or num_cpus == 0:
         return [int(threads_per_worker or 1)] * int(n_workers or cores)
     if isinstance(num_cpus, bool) or not isinstance(num_cpus, Integral) or num_cpus < 0:
@@ -176,7 +177,7 @@ def _local_cluster(num_cpus: int | None = None, **kwargs: Any) -> Any:
     # others; measured here, two XGBoost rounds with nthread=4 among busy cores took 71
     # CPU-seconds spinning and 5.4 passive. The user's own setting wins.
     oversubscribed = {"OMP_WAIT_POLICY": "PASSIVE"} if (
-        sum(cpus) > (os.cpu_count() or 1) and "OMP_WAIT_POLICY" not in os.environ) else {}
+        sum(cpus) > system.CPU_COUNT and "OMP_WAIT_POLICY" not in os.environ) else {}
     workers = {}
     for i in range(n):
         mine = gpus[i::n] if gpus else []

@@ -201,7 +201,9 @@ def test_local_cluster_takes_localcluster_arguments():
 def test_num_cpus_is_rays_logical_cpus_over_a_worker_per_core(monkeypatch):
     # Ray's ray.init(num_cpus=8) is one node of 8 CPUs, whatever the machine has: eight
     # 1-CPU trials at once, and room for a trial to grow. On two cores: two workers of 4.
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    from dask import system
+
+    monkeypatch.setattr(system, "CPU_COUNT", 2)
     cluster = runtime._local_cluster(8, processes=False, dashboard_address=None,
                                      silence_logs=40)
     try:
