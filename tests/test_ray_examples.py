@@ -175,7 +175,10 @@ def runs(tmp_path_factory) -> Iterator[dict[str, Future]]:
             f.cancel()
 
 
-@pytest.mark.parametrize("name", list(SCRIPTS))
+@pytest.mark.parametrize("name", [
+    # pytest-timeout's 300 s is the bound otherwise: the script's own must fit inside it
+    pytest.param(name, marks=pytest.mark.timeout(SCRIPT_TIMEOUTS[name] + 60))
+    if name in SCRIPT_TIMEOUTS else name for name in SCRIPTS])
 def test_ray_example_runs_after_the_import_change(runs, name):
     if name in REQUIRES:
         pytest.importorskip(REQUIRES[name])
