@@ -19,6 +19,8 @@ from typing import Any
 
 import cloudpickle
 
+from dasktune.config import PlacementGroupFactory
+
 logger = logging.getLogger(__name__)
 
 PENDING = "PENDING"
@@ -129,6 +131,11 @@ class Trial:
         """Whether its newest attempt ended because its worker was lost (a move, not a
         failure of its code)."""
         return bool(self.placements) and self.placements[-1].outcome == "lost"
+
+    @property
+    def placement_group_factory(self) -> PlacementGroupFactory:
+        """Ray's name for the trial's current resources (one bundle: one actor)."""
+        return PlacementGroupFactory([dict(self.resources)])
 
     # --------------------------------------------------------------- status
     def set_status(self, status: str) -> None:

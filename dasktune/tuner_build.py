@@ -135,6 +135,10 @@ def make_scheduler(tc: TuneConfig) -> TrialScheduler:
             f"(metric={sched.metric!r}, mode={sched.mode!r}). Either remove the arguments from "
             "your scheduler or from `TuneConfig`."
         )
+    if tc.reuse_actors and not sched.allows_reuse_actors:
+        # Ray's words; Ray raises in fit(), this is before anything is written.
+        raise ValueError(f"{type(sched).__name__} cannot be used with `reuse_actors=True`. "
+                         "FIX THIS by setting `reuse_actors=False` in `tune.TuneConfig()`.")
     return sched
 
 

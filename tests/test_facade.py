@@ -198,6 +198,37 @@ def test_local_cluster_takes_localcluster_arguments():
         runtime._local_cluster(1, protocol="inproc")
 
 
+def test_num_cpus_is_rays_logical_cpus_over_a_worker_per_core(monkeypatch):
+    # Ray's ray.init(num_cpus=8) is one node of 8 CPUs, whatever the machine has: eight
+    # 1-CPU trials at once, and room for a trial to grow. On two cores: two workers of 4.
+    from dask import system
+
+    monkeypatch.setattr(system, "CPU_COUNT", 2)
+    cluster = runtime._local_cluster(8, processes=False, dashboard_address=None,
+                                     silence_logs=40)
+    try:
+        from distributed import Client
+
+        with Client(cluster, set_as_default=False) as client:
+            client.wait_for_workers(2, timeout=30)
+            workers = client.scheduler_info()["workers"].values()
+            assert sorted(w["resources"]["CPU"] for w in workers) == [4.0, 4.0]
+            assert sorted(w["nthreads"] for w in workers) == [4, 4]
+    finally:
+        cluster.close()
+    # Not more workers than CPUs; odd counts go to the first workers; no CPUs given: a
+    # 1-CPU worker per core, as before.
+    assert runtime._worker_cpus(3, None, None) == [2, 1]
+    assert runtime._worker_cpus(1, None, None) == [1]
+    assert runtime._worker_cpus(None, None, None) == [1, 1]
+    assert runtime._worker_cpus(8, 3, None) == [3, 3, 2]
+    assert runtime._worker_cpus(4, None, 2) == [2, 2]
+    with pytest.raises(ValueError, match="cannot be split over n_workers=3"):
+        runtime._worker_cpus(2, 3, None)
+    with pytest.raises(ValueError, match="whole number"):
+        runtime._worker_cpus(2.5, None, None)
+
+
 def test_init_without_address_uses_the_configured_scheduler():
     from distributed import LocalCluster
 

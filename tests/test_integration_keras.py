@@ -1,6 +1,7 @@
-"""Keras callbacks in a real Tuner run (skipped where Keras is not installed: TensorFlow
-is no test dependency). A small model reports its logs per epoch; the checkpoint of
-each epoch loads with ``keras.models.load_model`` into the model with the logged loss."""
+"""Keras callbacks in a real Tuner run, on Keras 3 with its PyTorch backend (the ``keras``
+extra; TensorFlow is no test dependency). A small model reports its logs per epoch; the
+checkpoint of each epoch loads with ``keras.models.load_model`` into the model with the
+logged loss."""
 
 from __future__ import annotations
 
@@ -10,6 +11,10 @@ import numpy as np
 import pytest
 
 import dasktune as tune
+
+# Keras 3 picks its backend when first imported: PyTorch, here and in the trial's worker
+# (a backend the user chose wins).
+os.environ.setdefault("KERAS_BACKEND", "torch")
 
 pytestmark = pytest.mark.slow
 keras = pytest.importorskip("keras")
@@ -24,6 +29,7 @@ def _data():
 
 
 def train(config):
+    os.environ.setdefault("KERAS_BACKEND", "torch")
     import keras
 
     from dasktune.integration.keras import TuneReportCheckpointCallback

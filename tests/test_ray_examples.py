@@ -57,7 +57,22 @@ SCRIPTS = {
     "bayesopt_example": "Best hyperparameters found were:",
     "bohb_example": "Best hyperparameters found were:",
     "nevergrad_example": "Best hyperparameters found were:",
+    # ResourceChangingScheduler over ASHA, with ray.init(num_cpus=8). It has no smoke-test
+    # mode (Ray's CI runs it whole, as a "large" test): 8 trials of 2,000-tree XGBoost
+    # rounds, 60-70 rounds in all, 2-3 CPU-seconds each.
+    "xgboost_dynamic_resources_example": "Best model total accuracy:",
 }
+
+# Beyond that line, what shows the script did what it is for (a regular expression over
+# its output): a trial restored from its checkpoint with more CPUs, which it read from
+# get_trial_resources() (the script prints them as XGBoost's nthread).
+SCRIPT_SHOWS = {
+    "xgboost_dynamic_resources_example": r"nthreads: [2-8] xgb_model: <xgboost",
+}
+
+# The longest first, so that they overlap the others (seconds alone on 2 idle cores).
+SLOW_FIRST = ("xgboost_dynamic_resources_example", "ax_example")
+SCRIPT_TIMEOUTS = {"xgboost_dynamic_resources_example": 600}
 
 # What a script's environment needs beyond HOME: Ray's MLflow example tracks into a
 # folder, which MLflow 3 refuses unless this says the file store is wanted.
@@ -75,6 +90,7 @@ REQUIRES = {
     "xgboost_example": "xgboost",
     "lightgbm_example": "lightgbm",
     "mlflow_example": "mlflow",
+    "xgboost_dynamic_resources_example": "xgboost",
 }
 
 # The import change, and only that: each rule rewrites whole import lines.
@@ -142,7 +158,8 @@ def run_script(name: str, folder: Path) -> subprocess.CompletedProcess[str]:
            "PYTHONDONTWRITEBYTECODE": "1", **SCRIPT_ENV.get(name, {})}
     env.pop("DASK_SCHEDULER_ADDRESS", None)  # the embedded cluster, as on a laptop
     return subprocess.run([sys.executable, str(script), "--smoke-test"], cwd=folder,
-                          env=env, capture_output=True, text=True, timeout=SCRIPT_TIMEOUT)
+                          env=env, capture_output=True, text=True,
+                          timeout=SCRIPT_TIMEOUTS.get(name, SCRIPT_TIMEOUT))
 
 
 @pytest.fixture(scope="module")
@@ -150,14 +167,18 @@ def runs(tmp_path_factory) -> Iterator[dict[str, Future]]:
     """Every script, a few at a time from the start; each test waits for its own."""
     folder = tmp_path_factory.mktemp("ray-examples")
     with ThreadPoolExecutor(PARALLEL) as pool:
-        futures = {name: pool.submit(run_script, name, folder) for name in SCRIPTS
-               if name not in REQUIRES or importlib.util.find_spec(REQUIRES[name])}
+        order = sorted(SCRIPTS, key=lambda name: name not in SLOW_FIRST)
+        futures = {name: pool.submit(run_script, name, folder) for name in order
+                   if name not in REQUIRES or importlib.util.find_spec(REQUIRES[name])}
         yield futures
         for f in futures.values():
             f.cancel()
 
 
-@pytest.mark.parametrize("name", list(SCRIPTS))
+@pytest.mark.parametrize("name", [
+    # pytest-timeout's 300 s is the bound otherwise: the script's own must fit inside it
+    pytest.param(name, marks=pytest.mark.timeout(SCRIPT_TIMEOUTS[name] + 60))
+    if name in SCRIPT_TIMEOUTS else name for name in SCRIPTS])
 def test_ray_example_runs_after_the_import_change(runs, name):
     if name in REQUIRES:
         pytest.importorskip(REQUIRES[name])
@@ -166,3 +187,5 @@ def test_ray_example_runs_after_the_import_change(runs, name):
     assert proc.returncode == 0, f"{name} exited {proc.returncode}\n{report}"
     assert "Traceback" not in proc.stdout + proc.stderr, report
     assert SCRIPTS[name] in proc.stdout, report
+    if name in SCRIPT_SHOWS:
+        assert re.search(SCRIPT_SHOWS[name], proc.stdout), report

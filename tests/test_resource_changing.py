@@ -132,6 +132,24 @@ def test_a_custom_function_rays_context_and_errors():
         .PlacementGroupFactory is tune.PlacementGroupFactory
 
 
+def test_reuse_actors_is_refused_before_anything_runs_and_trials_have_rays_pgf(tmp_path):
+    # Ray: "ResourceChangingScheduler cannot be used with `reuse_actors=True`" (Ray says
+    # so in fit(); here at Tuner(), so nothing is written).
+    with pytest.raises(ValueError, match="cannot be used with `reuse_actors=True`"):
+        tune.Tuner(lambda config: None, tune_config=tune.TuneConfig(
+            scheduler=ResourceChangingScheduler(), reuse_actors=True),
+            run_config=tune.RunConfig(storage_path=str(tmp_path), name="refused"))
+    assert not (tmp_path / "refused").exists()
+    tune.Tuner(lambda config: None, tune_config=tune.TuneConfig(
+        scheduler=ASHAScheduler(metric="a", mode="max"), reuse_actors=True),
+        run_config=tune.RunConfig(storage_path=str(tmp_path), name="asha"))
+    # Ray's Trial.placement_group_factory: what an allocation function compares against.
+    t = trials_on(1)[0]
+    t.resources = {"CPU": 3.0, "GPU": 1.0}
+    assert t.placement_group_factory == PlacementGroupFactory([{"CPU": 3.0, "GPU": 1.0}])
+    assert t.placement_group_factory.required_resources == {"CPU": 3.0, "GPU": 1.0}
+
+
 def train(config):
     """Checkpoints every step and resumes from it; reports the CPUs it was given. The
     "other" trial starts reporting only after the "top" one has reported once, so the top

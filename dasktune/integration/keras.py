@@ -20,8 +20,9 @@ except ImportError:
     try:
         from keras.callbacks import Callback as _KerasCallback
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("dasktune.integration.keras needs Keras: pip install tensorflow "
-                          "(or keras)") from exc
+        raise ImportError(f"dasktune.integration.keras needs Keras: pip install "
+                          f"\"dasktune[keras]\" (Keras 3; without TensorFlow, set "
+                          f"KERAS_BACKEND=torch or jax) or tensorflow ({exc})") from exc
 
 MODEL_FILENAME = "model.keras"
 _HOOKS = ("epoch_begin", "epoch_end", "train_batch_begin", "train_batch_end",

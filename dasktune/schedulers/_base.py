@@ -147,6 +147,9 @@ class TrialScheduler:
 
     _state_attrs: tuple[str, ...] = ()
     _supports_buffered_results = True
+    #: False where trials' actors must not be reused (``TuneConfig(reuse_actors=True)``
+    #: is then refused at ``Tuner()``): a resized trial needs a new placement.
+    allows_reuse_actors: bool = True
 
     def __init__(self, metric: str | None = None, mode: str | None = None):
         check_mode(mode, type(self).__name__)

@@ -220,6 +220,7 @@ class ResourceChangingScheduler(TrialScheduler):
     (the cluster's totals, busy or not). All trials must start with the same resources
     (:attr:`base_trial_resources`). A trial runs on one worker, so a request beyond what
     the largest worker offers is cut down to it (Ray can spread bundles over nodes).
+    ``TuneConfig(reuse_actors=True)`` is refused with it, as in Ray.
     """
 
     def __init__(self, base_scheduler: TrialScheduler | None = None,
@@ -240,6 +241,7 @@ class ResourceChangingScheduler(TrialScheduler):
         self._reallocated_trial_ids: set[str] = set()
 
     _state_attrs = ("_base_trial_resources", "_reallocated_trial_ids")
+    allows_reuse_actors = False  # Ray's rule: a resized trial starts a new actor
 
     # ---------------------------------------------------------------- metric
     @property

@@ -19,6 +19,7 @@ from dasktune.search._library import LibrarySearcher, import_library
 zoopt = import_library("zoopt", "zoopt", "ZOOptSearch")
 from zoopt.algos.opt_algorithms.racos.sracos import SRacosTune  # noqa: E402
 from zoopt.solution import Solution  # noqa: E402
+from zoopt.utils.zoo_global import gl  # noqa: E402
 
 __all__ = ["ZOOptSearch"]
 
@@ -35,7 +36,8 @@ class ZOOptSearch(LibrarySearcher):
         metric, mode: what to optimize.
         points_to_evaluate: configs to try first (ZOOpt's initial samples).
         parallel_num: trials ZOOpt keeps in flight after its initial samples.
-        **kwargs: more arguments of ``zoopt.Parameter`` (e.g. ``seed``).
+        **kwargs: more arguments of ``zoopt.Parameter``; ``seed`` seeds numpy's global
+            generator, which ZOOpt draws from, when the search is set up.
     """
 
     _library = "ZOOpt"
@@ -104,6 +106,10 @@ class ZOOptSearch(LibrarySearcher):
                 for p in (self._flat_point(p) for p in self._points)] or None
         self._points = []  # handed to ZOOpt as its first initial samples
         parameter = zoopt.Parameter(budget=self._budget, init_samples=init, **self._kwargs)
+        if parameter.get_seed() is not None:
+            # ZOOpt draws from numpy's global generator. Its Opt.min seeds that from
+            # Parameter(seed=...); its Tune interface never does, so a seed did nothing.
+            gl.set_seed(parameter.get_seed())
         dimension = zoopt.Dimension2([self._space[k] for k in self._keys])
         return SRacosTune(dimension=dimension, parameter=parameter,
                           parallel_num=self._parallel_num)
