@@ -21,7 +21,10 @@ from typing import Any
 
 import psutil
 
-__all__ = ["dask_setup", "watch"]
+__all__ = ["DRIVER_PID_ENV", "dask_setup", "watch"]
+
+#: Set by :mod:`dasktune.runtime` in each worker's environment: the driver's PID.
+DRIVER_PID_ENV = "DASKTUNE_DRIVER_PID"
 
 #: How often the parent is looked for: the longest an orphan lives.
 POLL_S = 0.1
@@ -71,7 +74,9 @@ def watch(alive: Callable[[], bool], on_gone: Callable[[], Any]) -> threading.Th
 def dask_setup(worker: Any) -> None:
     """The worker preload hook: watch the driver, which started this worker's nanny."""
     nanny = psutil.Process(os.getppid())
-    driver = nanny.ppid()
+    # The PID the driver gave us: a driver that died while this worker started has left
+    # the nanny to PID 1 already, and taking the nanny's parent now would watch that.
+    driver = int(os.environ.get(DRIVER_PID_ENV) or nanny.ppid())
 
     def alive() -> bool:
         try:  # the nanny still has its driver for a parent (and is not a zombie)

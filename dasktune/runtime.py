@@ -21,7 +21,7 @@ from typing import Any
 import dask.config
 from dask import system
 
-from dasktune import _dask_config
+from dasktune import _dask_config, orphan_watch
 from dasktune.resources import detect_gpus
 
 logger = logging.getLogger(__name__)
@@ -211,8 +211,9 @@ def _local_cluster(num_cpus: int | None = None, **kwargs: Any) -> Any:
         opts["preload"] = [*([preload] if isinstance(preload, str) else preload),
                            *([] if "dasktune.actor" in preload else ["dasktune.actor"]),
                            "dasktune.orphan_watch"]
-        if env:
-            opts["env"] = env
+        # The driver's PID, for the orphan watch: read from the nanny's parent instead,
+        # a driver killed while the worker starts would already be PID 1 there.
+        opts["env"] = {**(env or {}), orphan_watch.DRIVER_PID_ENV: str(os.getpid())}
         try:
             json.dumps(opts)
         except TypeError as exc:  # worker processes get their options as JSON
