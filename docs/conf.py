@@ -7,8 +7,13 @@ module needs one line in that file and nothing else. Guides are Markdown (MyST).
 
 from __future__ import annotations
 
+import os
 import pathlib
 import sys
+
+# Keras 3 needs a backend to import; CI installs torch, not TensorFlow (the keras
+# integration's API page would otherwise be left out).
+os.environ.setdefault("KERAS_BACKEND", "torch")
 
 DOCS = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(DOCS))
