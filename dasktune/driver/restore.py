@@ -32,7 +32,9 @@ a torn last line, the rows of a trial the state never saw). One rule makes them 
 
 :func:`restore_trials` reads and decides (it changes only the :class:`Trial` objects);
 :meth:`Restoration.carry_out` is the restored driver's first act, through the
-callbacks and the checkpoint book.
+callbacks and the checkpoint book. (Over 400 lines: the reading of a trial's folder and
+the carrying out share one set of rules and helpers; split, they would need each other's
+private names.)
 """
 
 from __future__ import annotations
