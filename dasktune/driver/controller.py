@@ -39,7 +39,7 @@ from dasktune.resources import worker_capacity
 from dasktune.schedulers import FIFOScheduler, Reconfigure, TrialScheduler
 from dasktune.session import TrialSpec
 from dasktune.shipping import dumps_trainable
-from dasktune.trial import PAUSED, PENDING, RUNNING, Placement, Trial
+from dasktune.trial import PAUSED, PENDING, RUNNING, TERMINATED, Placement, Trial
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -256,6 +256,8 @@ class TuneController(TrialEvents):
 
     def _shutdown(self) -> None:
         self.executor.shutdown()
+        if self._restoration is not None and self.search_alg.is_finished():
+            self._restoration.drop_unadopted()
         close = getattr(self.search_alg, "close", None)
         if close is not None:
             close()
@@ -333,7 +335,9 @@ class TuneController(TrialEvents):
         if self._stop_all or self.search_alg.is_finished() or not self._new_trial():
             return None
         trial = self.trials[-1]
-        return trial if trial.trial_id not in self.lines.queued else None
+        # (Not one adopted as finished: see _adopt.)
+        return trial if trial.status == PENDING and trial.trial_id not in self.lines.queued \
+            else None
 
     def _no_longer_waiting(self, trial: Trial) -> None:
         if self._waiting_trial is trial:
@@ -355,7 +359,23 @@ class TuneController(TrialEvents):
         self.index.add(trial)
         self.scheduler.on_trial_add(self._ctx, trial)
         self.saves.dirty = True
+        self._adopt(trial)
         return True
+
+    def _adopt(self, trial: Trial) -> None:
+        """A restored run's new trial that the killed driver had made and finished after
+        its last save is TERMINATED with its record, never run again (see :mod:`.restore`)."""
+        rec = self._restoration.adopt(trial) if self._restoration is not None else None
+        if rec is None:
+            return
+        logger.info("trial %s finished before the driver was killed: not run again",
+                    trial.trial_id)
+        self._set_status(trial, TERMINATED)
+        self._restoration.carry_out_adopted(  # type: ignore[union-attr]
+            rec, trials=self.trials, callbacks=self.callbacks, book=self.book,
+            scheduler=self.scheduler, search_alg=self.search_alg, context=self._ctx,
+            iteration=self._iteration)
+        self.saves.soon()
 
     def _try_start(self, trial: Trial) -> bool:
         group = None

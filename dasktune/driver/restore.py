@@ -25,14 +25,22 @@ a torn last line, the rows of a trial the state never saw). One rule makes them 
   superseded: the checkpoint book deletes it, then ``num_to_keep`` holds again.
 - **A trial folder no saved trial owns** (a trial the killed driver made after its last
   save; the restored searcher suggests it again) is deleted: that trial starts afresh.
+  Unless it finished (its trial-end marker): then it is kept until the restored driver
+  makes its trial, and adopted (:meth:`Restoration.adopt`) if that trial's config is the
+  folder's ``params.json`` -- TERMINATED with its record, never run again -- else
+  deleted then.
 
 :func:`restore_trials` reads and decides (it changes only the :class:`Trial` objects);
 :meth:`Restoration.carry_out` is the restored driver's first act, through the
-callbacks and the checkpoint book.
+callbacks and the checkpoint book. (Over 400 lines: the reading of a trial's folder and
+the carrying out share one set of rules and helpers; split, they would need each other's
+private names.)
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import posixpath
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,7 +48,9 @@ from typing import TYPE_CHECKING, Any
 
 from dasktune.layout import checkpoint_index
 from dasktune.logger import EXPR_PARAM_FILE, EXPR_RESULT_FILE
+from dasktune.result import EARLY_STOPPED
 from dasktune.results import read_result_json
+from dasktune.storage import json_default
 from dasktune.trial import ERROR, PAUSED, PENDING, RUNNING, TERMINATED, Trial
 
 if TYPE_CHECKING:
@@ -52,6 +62,8 @@ if TYPE_CHECKING:
 
 __all__ = ["LineageScan", "Recovery", "Restoration", "checkpoint_info", "restore_trials",
            "scan_lineage", "unlogged_row"]
+
+logger = logging.getLogger(__name__)
 
 
 def _iteration(row: dict[str, Any]) -> int:
@@ -84,8 +96,11 @@ class Restoration:
 
     storage: ExperimentStorage
     recoveries: list[Recovery] = field(default_factory=list)
-    #: Trial folders no saved trial owns.
+    #: Trial folders no saved trial owns (and whose trial did not finish).
     stale_folders: list[str] = field(default_factory=list)
+    #: Folders no saved trial owns whose trial finished: folder -> its trial-end marker.
+    #: Each waits for the restored driver to make its trial again (:meth:`adopt`).
+    unsaved_ends: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: Carried out already (a second ``fit()`` of the restored Tuner must not rewrite
     #: the files to what was read before the first).
     carried_out: bool = False
@@ -108,20 +123,10 @@ class Restoration:
         for folder in self.stale_folders:
             self.storage.delete(folder)
         for rec in self.recoveries:
-            if rec.results is not None:
-                callbacks.on_trial_restore_results(iteration=0, trials=trials, trial=rec.trial,
-                                                   results=rec.results)
-            for row in rec.unlogged:
-                callbacks.on_trial_result(iteration=0, trials=trials, trial=rec.trial,
-                                          result=row)
+            _log_record(rec, trials, callbacks, 0)
         for rec in self.recoveries:
-            if not rec.ended:
-                continue
-            trial = rec.trial
-            final = dict(trial.last_result)
-            scheduler.on_trial_complete(context, trial, final)
-            search_alg.on_trial_complete(trial.trial_id, result=final)
-            callbacks.on_trial_complete(iteration=0, trials=trials, trial=trial)
+            if rec.ended:
+                _tell_end(rec, trials, callbacks, scheduler, search_alg, context, 0)
         if self.recoveries:
             # Before retention deletes anything (the saved state never points at a
             # checkpoint retention removed), after the deciders heard of the ends (a
@@ -129,6 +134,86 @@ class Restoration:
             save()
         for rec in self.recoveries:
             book.drop_superseded(rec.trial, rec.superseded)
+
+    def adopt(self, trial: Trial) -> Recovery | None:
+        """For ``trial``, just made by the restored driver (PENDING, never started): if
+        the killed driver had made and finished it after its last save (its folder holds
+        a trial-end marker and a ``params.json`` equal to ``trial.config``), bring it up
+        to its record and return the :class:`Recovery` (``ended``; the caller sets it
+        TERMINATED, then :meth:`carry_out_adopted`). Otherwise None, and a folder that
+        killed driver left at ``trial.path`` is deleted: the trial starts afresh."""
+        end = self.unsaved_ends.pop(trial.path, None) if trial.path else None
+        if end is None:
+            return None
+        assert trial.path is not None
+        if _params(self.storage, trial.path) != _as_json(trial.config):
+            self.storage.delete(trial.path)  # another trial's (e.g. an unseeded searcher)
+            return None
+        trial.attempt = int(end.get("attempt", 0))
+        rec = _catch_up(trial, self.storage)
+        _ended_in_storage(trial, self.storage, rec)
+        rec.ended = True
+        if end.get("ended_by") == "scheduler":
+            trial.stop_reason = "early_stopped"
+            trial.stop_rung = end.get("rung")
+        return rec
+
+    def carry_out_adopted(self, rec: Recovery, *, trials: list[Trial], callbacks: Callback,
+                          book: CheckpointBook, scheduler: TrialScheduler,
+                          search_alg: SearchAlgorithm, context: Any, iteration: int) -> None:
+        """What :meth:`carry_out` does for a trial :meth:`adopt` adopted (TERMINATED now):
+        its logger files rewritten to its record, the rows no driver logged logged, the
+        deciders and callbacks told of its end, superseded checkpoints deleted."""
+        _log_record(rec, trials, callbacks, iteration)
+        _tell_end(rec, trials, callbacks, scheduler, search_alg, context, iteration)
+        book.drop_superseded(rec.trial, rec.superseded)
+
+    def drop_unadopted(self) -> None:
+        """Delete the finished folders no trial of the restored run adopted (its searcher
+        is finished: it will not make their trials)."""
+        for folder in list(self.unsaved_ends):
+            del self.unsaved_ends[folder]
+            try:
+                self.storage.delete(folder)
+            except Exception:  # noqa: BLE001 - a storage outage must not fail the end
+                logger.warning("could not delete %s, a trial folder no trial owns", folder)
+
+
+def _log_record(rec: Recovery, trials: list[Trial], callbacks: Callback, iteration: int
+                ) -> None:
+    """Rewrite the trial's logger files to its record; log the rows no driver logged."""
+    if rec.results is not None:
+        callbacks.on_trial_restore_results(iteration=iteration, trials=trials,
+                                           trial=rec.trial, results=rec.results)
+    for row in rec.unlogged:
+        callbacks.on_trial_result(iteration=iteration, trials=trials, trial=rec.trial,
+                                  result=row)
+
+
+def _tell_end(rec: Recovery, trials: list[Trial], callbacks: Callback,
+              scheduler: TrialScheduler, search_alg: SearchAlgorithm, context: Any,
+              iteration: int) -> None:
+    """Tell the deciders and callbacks that a trial only storage knew had ended ended."""
+    trial = rec.trial
+    final = dict(trial.last_result)
+    scheduler.on_trial_complete(context, trial, final)
+    if trial.stop_reason == "early_stopped":
+        final[EARLY_STOPPED] = True
+    search_alg.on_trial_complete(trial.trial_id, result=final)
+    callbacks.on_trial_complete(iteration=iteration, trials=trials, trial=trial)
+
+
+def _as_json(config: dict[str, Any]) -> Any:
+    """A config as its ``params.json`` holds it."""
+    return json.loads(json.dumps(config, default=json_default))
+
+
+def _params(storage: ExperimentStorage, folder: str) -> Any:
+    """The config a trial folder's ``params.json`` holds (None: absent or broken)."""
+    try:
+        return storage.read_json(posixpath.join(folder, EXPR_PARAM_FILE))
+    except (FileNotFoundError, ValueError):
+        return None
 
 
 def restore_trials(trials: list[Trial], storage: ExperimentStorage, *,
@@ -142,7 +227,12 @@ def restore_trials(trials: list[Trial], storage: ExperimentStorage, *,
         rec = _decide(trial, storage, resume_unfinished, resume_errored, restart_errored)
         if rec is not None:
             out.recoveries.append(rec)
-    out.stale_folders = _stale_folders(trials, storage)
+    for folder in _stale_folders(trials, storage):
+        end = storage.read_trial_end(folder)
+        if end is not None:
+            out.unsaved_ends[folder] = end
+        else:
+            out.stale_folders.append(folder)
     return out
 
 
