@@ -26,7 +26,7 @@ from tests.test_slurm import DRIVER, ROOT, read_rows
 pytestmark = pytest.mark.slow
 pytest.importorskip("dask_jobqueue")
 
-ITERS = 40  # 0.5 s each: longer than the 25 s a 40-second job keeps its worker
+ITERS = 70  # 0.5 s each (35 s): longer than the 25 s a 40-second job keeps its worker
 
 
 def _sge_up() -> str | None:
