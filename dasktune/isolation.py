@@ -46,7 +46,7 @@ import threading
 import time
 import traceback
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import cloudpickle
 from distributed import Client
@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from dasktune.session import TrialSpec
 
 __all__ = ["ORPHAN_EXIT", "STOP_GRACE_S", "TrialProcessError", "child_devices", "child_env",
-           "describe_exit", "die_with_parent", "reap", "run_in_process", "spawn",
+           "describe_exit", "die_with_parent", "exit_now", "reap", "run_in_process", "spawn",
            "wants_process"]
 
 #: Seconds a child may run on after a stop-now request before it is terminated.
@@ -247,6 +247,17 @@ def describe_exit(code: int | None) -> str:
 
 
 # ----------------------------------------------------------------------------------- child
+def exit_now() -> NoReturn:
+    """End a child process whose work is over: flush its output, then leave at once, with
+    no atexit handlers and no waits on threads the user's code left running."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)
+
+
 def die_with_parent(parent_pid: int) -> None:
     """Linux: SIGKILL this process when its parent thread dies; exit if it already has."""
     if sys.platform.startswith("linux"):
@@ -316,10 +327,4 @@ def _child_main(fd: str, parent_pid: str) -> None:
             conn.send_bytes(pickle.dumps(("done", error)))
     except OSError:
         pass
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    # No atexit handlers or waits on threads the user left running: the trial is over.
-    os._exit(0)
+    exit_now()

@@ -18,7 +18,6 @@ from __future__ import annotations
 import datetime
 import inspect
 import os
-import sys
 import threading
 import traceback
 from multiprocessing.connection import Client, Connection
@@ -61,12 +60,7 @@ def main(host: str, port: str, authkey: str, rank: str, parent_pid: str) -> None
         session.send(("done", error))
     except OSError:
         pass
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(0)  # no waits on threads the user left running: the rank is over
+    isolation.exit_now()  # the rank is over
 
 
 class _LockedConnection:
