@@ -106,3 +106,22 @@ def test_aws_different_amis_refused():
     data["available_node_types"]["head_node"]["node_config"]["ImageId"] = "ami-1"
     with pytest.raises(ValueError, match="same ImageId"):
         ec2_cluster_kwargs(parse_cluster_config(data), "x")
+
+
+def test_setup_commands_run_on_the_head_in_order_and_a_failing_one_raises(tmp_path):
+    import subprocess
+
+    from dasktune.cluster import get_provider
+
+    log = tmp_path / "setup.log"
+    base = load_cluster_config("cluster/local.yaml")
+    config = base.model_copy(update={"setup_commands": [f"echo one >> {log}",
+                                                        f"echo two >> {log}"]})
+    said: list[str] = []
+    get_provider(config, "setup-test").run_setup_commands(said.append)
+    assert log.read_text().split() == ["one", "two"]
+    assert said == [f"setup: echo one >> {log}", f"setup: echo two >> {log}"]
+    config = base.model_copy(update={"setup_commands": ["exit 3", f"echo never >> {log}"]})
+    with pytest.raises(subprocess.CalledProcessError):
+        get_provider(config, "setup-test").run_setup_commands()
+    assert "never" not in log.read_text()

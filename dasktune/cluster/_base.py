@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import os
 import random
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -128,6 +129,13 @@ class ClusterProvider(abc.ABC):
                            resources=w.get("resources") or {},
                            memory_limit=w.get("memory_limit"))
                 for addr, w in sorted(info.items())]
+
+    def run_setup_commands(self, progress: Progress = quiet) -> None:
+        """Run the cluster file's ``setup_commands`` here, on the head, in order (a
+        failing one raises ``CalledProcessError``)."""
+        for cmd in self.config.setup_commands:
+            progress(f"setup: {cmd}")
+            subprocess.run(cmd, shell=True, check=True)
 
     def wait_for_workers(self, n: int, timeout: float, progress: Progress = quiet) -> None:
         """Block until ``n`` workers joined, reporting each change; bounded by ``timeout``."""

@@ -119,9 +119,7 @@ class BatchProvider(LocalProvider):
         elif restart_only:
             raise ValueError(f"--restart-only: cluster {self.name!r} is not up")
         if not restart_only:
-            for cmd in self.config.setup_commands:
-                progress(f"setup: {cmd}")
-                subprocess.run(cmd, shell=True, check=True)
+            self.run_setup_commands(progress)
         self.state.ensure_dir()
         sched_file = self.state.dir / "scheduler.json"
         sched_file.unlink(missing_ok=True)

@@ -138,9 +138,7 @@ class LocalProvider(ClusterProvider):
         elif restart_only:
             raise ValueError(f"--restart-only: cluster {self.name!r} is not up")
         if not restart_only:
-            for cmd in self.config.setup_commands:
-                progress(f"setup: {cmd}")
-                subprocess.run(cmd, shell=True, check=True)
+            self.run_setup_commands(progress)
         self.state.ensure_dir()
         tls = self._tls_files() if self.config.provider.tls else None
         tls_args = _tls_args(tls)
