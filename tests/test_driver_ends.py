@@ -236,6 +236,9 @@ def test_a_trial_the_driver_ended_is_not_run_again_after_a_driver_kill(tmp_path,
         state = {t["trial_id"]: t for t in json.load(f)["trials"]}
     assert state[ended_id]["status"] == "TERMINATED"
     assert state[ended_id]["last_result"]["training_iteration"] == at
+    if mode == "asha":  # the restored trial says why and where it stopped (the dashboard)
+        assert state[ended_id]["stop_reason"] == "early_stopped"
+        assert state[ended_id]["stop_rung"] == {"time_attr": "training_iteration", "value": at}
     with open(os.path.join(trial_dir, "result.json")) as f:
         its = [json.loads(line)["training_iteration"] for line in f if line.strip()]
     assert its == list(range(1, at + 1))

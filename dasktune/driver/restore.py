@@ -153,9 +153,6 @@ class Restoration:
         rec = _catch_up(trial, self.storage)
         _ended_in_storage(trial, self.storage, rec)
         rec.ended = True
-        if end.get("ended_by") == "scheduler":
-            trial.stop_reason = "early_stopped"
-            trial.stop_rung = end.get("rung")
         return rec
 
     def carry_out_adopted(self, rec: Recovery, *, trials: list[Trial], callbacks: Callback,
@@ -441,4 +438,7 @@ def _ended_in_storage(trial: Trial, storage: ExperimentStorage, rec: Recovery) -
         trial.logged_iteration = _iteration(result)
     if trial.last_result:
         trial.last_result = dict(trial.last_result, done=True)
+    if end.get("ended_by") == "scheduler":  # where it stopped, for the dashboard
+        trial.stop_reason = "early_stopped"
+        trial.stop_rung = end.get("rung")
     return True
