@@ -5,7 +5,8 @@ installed), the same loop in the same run, on CPU.
 (a) first report: seconds from ``fit()`` (or from spawning the processes) to rank 0's
     first report of a 2-worker run;
 (b) per step: median seconds per step of a small DDP model (2 ranks, a report every
-    step; plain torch sends the same metrics to its parent through a queue).
+    ``--report-every`` steps, 1 by default; plain torch sends the same metrics to its
+    parent through a queue).
 
 Prints each figure and the ratios dasktune/plain and dasktune/Ray (lower is better).
 The targets (issue 23): per-step overhead <= 5% over plain torch; first report >= 5x
@@ -17,6 +18,7 @@ benchmark beside it.
 
     python benchmarks/multi_worker.py               # 2 ranks, 200 steps
     python benchmarks/multi_worker.py --steps 50 --repeat 1
+    python benchmarks/multi_worker.py --report-every 10   # a report per 10 steps
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ WIDTH, BATCH = 256, 64
 
 
 def _model_loop(config: dict[str, Any], report: Any) -> None:
-    """The measured loop: a small MLP under DDP, one report per step (rank 0's kept)."""
+    """The measured loop: a small MLP under DDP, a report each ``every`` steps (rank 0's
+    kept)."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -43,18 +46,20 @@ def _model_loop(config: dict[str, Any], report: Any) -> None:
         torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU(), torch.nn.Linear(WIDTH, 1)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(BATCH, WIDTH), torch.randn(BATCH, 1)
+    every = config.get("every", 1)
     for step in range(config["steps"]):
         opt.zero_grad()
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
         opt.step()
-        report({"step": step, "loss": loss.item(), "t": time.time()})
+        if (step + 1) % every == 0:
+            report({"step": step, "loss": loss.item(), "t": time.time()})
 
 
-def _step_times(rows: list[dict[str, Any]], warmup: int) -> float:
-    """Median seconds between consecutive reports, after ``warmup`` steps."""
+def _step_times(rows: list[dict[str, Any]], warmup: int, every: int) -> float:
+    """Median seconds per step between consecutive reports, after ``warmup`` reports."""
     ts = [r["t"] for r in sorted(rows, key=lambda r: r["step"])][warmup:]
-    return statistics.median(b - a for a, b in zip(ts, ts[1:]))
+    return statistics.median(b - a for a, b in zip(ts, ts[1:])) / every
 
 
 # -------------------------------------------------------------------- plain torch
@@ -67,7 +72,7 @@ def _plain_rank(rank: int, world: int, port: int, config: dict[str, Any], queue:
     dist.destroy_process_group()
 
 
-def run_plain(world: int, steps: int) -> tuple[float, list[dict[str, Any]]]:
+def run_plain(world: int, steps: int, every: int) -> tuple[float, list[dict[str, Any]]]:
     import socket
 
     import torch.multiprocessing as mp
@@ -78,9 +83,10 @@ def run_plain(world: int, steps: int) -> tuple[float, list[dict[str, Any]]]:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     t0 = time.time()
-    procs = mp.start_processes(_plain_rank, args=(world, port, {"steps": steps}, queue),
+    config = {"steps": steps, "every": every}
+    procs = mp.start_processes(_plain_rank, args=(world, port, config, queue),
                                nprocs=world, join=False, start_method="spawn")
-    rows = [queue.get() for _ in range(steps)]
+    rows = [queue.get() for _ in range(steps // every)]
     procs.join()
     return rows[0]["t"] - t0, rows
 
@@ -92,13 +98,14 @@ def _dasktune_loop(config: dict[str, Any]) -> None:
     _model_loop(config, train.report)
 
 
-def run_dasktune(world: int, steps: int, storage: str) -> tuple[float, list[dict[str, Any]]]:
+def run_dasktune(world: int, steps: int, every: int, storage: str
+                 ) -> tuple[float, list[dict[str, Any]]]:
     from dasktune import train
     from dasktune.train.torch import TorchTrainer
 
     t0 = time.time()
     result = TorchTrainer(
-        _dasktune_loop, train_loop_config={"steps": steps},
+        _dasktune_loop, train_loop_config={"steps": steps, "every": every},
         scaling_config=train.ScalingConfig(num_workers=world),
         run_config=train.RunConfig(storage_path=storage, verbose=0)).fit()
     rows = result.metrics_dataframe.to_dict("records")
@@ -116,11 +123,13 @@ def _ray_driver(config: dict[str, Any]) -> None:
                  run_config=train.RunConfig(callbacks=[TuneReportCallback()])).fit()
 
 
-def run_ray(world: int, steps: int, storage: str) -> tuple[float, list[dict[str, Any]]]:
+def run_ray(world: int, steps: int, every: int, storage: str
+            ) -> tuple[float, list[dict[str, Any]]]:
     from ray import tune
 
     t0 = time.time()
-    grid = tune.Tuner(_ray_driver, param_space={"steps": steps, "world": world},
+    grid = tune.Tuner(_ray_driver,
+                      param_space={"steps": steps, "every": every, "world": world},
                       run_config=tune.RunConfig(storage_path=storage, verbose=0)).fit()
     rows = grid[0].metrics_dataframe.to_dict("records")
     return min(r["t"] for r in rows) - t0, rows
@@ -131,8 +140,13 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--repeat", type=int, default=2, help="runs of each, best kept")
+    parser.add_argument("--report-every", type=int, default=1, metavar="K",
+                        help="a report each K steps (default: every step)")
     args = parser.parse_args()
-    warmup = min(10, args.steps // 4)
+    every = args.report_every
+    if every < 1 or args.steps // every < 8:
+        parser.error("--report-every must be >= 1 and leave at least 8 reports")
+    warmup = min(10, args.steps // every // 4)
     try:
         import ray  # noqa: F401
         has_ray = True
@@ -145,10 +159,11 @@ def main() -> None:
     figures: dict[str, list[tuple[float, float]]] = {"plain": [], "dasktune": [], "ray": []}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.repeat):  # alternating, so load drifts hit both alike
-            first, rows = run_plain(args.workers, args.steps)
-            figures["plain"].append((first, _step_times(rows, warmup)))
-            first, rows = run_dasktune(args.workers, args.steps, os.path.join(tmp, "dt"))
-            figures["dasktune"].append((first, _step_times(rows, warmup)))
+            first, rows = run_plain(args.workers, args.steps, every)
+            figures["plain"].append((first, _step_times(rows, warmup, every)))
+            first, rows = run_dasktune(args.workers, args.steps, every,
+                                       os.path.join(tmp, "dt"))
+            figures["dasktune"].append((first, _step_times(rows, warmup, every)))
         dasktune.shutdown()
         if has_ray:
             import ray
@@ -156,12 +171,13 @@ def main() -> None:
             ray.init(num_cpus=args.workers + 1, include_dashboard=False,
                      log_to_driver=False)
             for _ in range(args.repeat):
-                first, rows = run_ray(args.workers, args.steps, os.path.join(tmp, "ray"))
-                figures["ray"].append((first, _step_times(rows, warmup)))
+                first, rows = run_ray(args.workers, args.steps, every,
+                                      os.path.join(tmp, "ray"))
+                figures["ray"].append((first, _step_times(rows, warmup, every)))
             ray.shutdown()
     best = {k: (min(f for f, _ in v), min(s for _, s in v)) for k, v in figures.items() if v}
-    print(f"{args.workers} ranks, {args.steps} steps, MLP {WIDTH}x{WIDTH}, batch {BATCH}, "
-          f"gloo on CPU; best of {args.repeat}")
+    print(f"{args.workers} ranks, {args.steps} steps, a report each {every}, "
+          f"MLP {WIDTH}x{WIDTH}, batch {BATCH}, gloo on CPU; best of {args.repeat}")
     print(f"{'':10} {'first report (s)':>17} {'per step (ms)':>14}")
     for name, (first, step) in best.items():
         print(f"{name:10} {first:17.2f} {step * 1e3:14.2f}")
