@@ -46,7 +46,6 @@ logger = logging.getLogger(__name__)
 
 _START_TIMEOUT_S = 120.0  # launchers and ranks must connect within this (tasks queue)
 _KILL_WAIT_S = 10.0
-_HEALTH_EVERY_S = 1.0
 
 #: ``on_report(index, rank0_metrics, staged)`` -> the committed checkpoint's path.
 OnReport = Callable[[int, dict[str, Any], str | None], str | None]
@@ -86,7 +85,7 @@ class WorkerGroup:
         self.workers, self.hosts, self.devices = workers, hosts, devices
         self.spec = spec
         self.on_report = on_report
-        self.lost = lost  # workers of this group that left the cluster (polled)
+        self.lost = lost  # workers of this group that left the cluster (the gang's news)
         self.interrupt = interrupt  # raises when the trial must stop now (checked often)
         self.notice = notice  # the preemption notice now (asked by get_preemption_info)
         self.n = len(workers)
@@ -94,7 +93,6 @@ class WorkerGroup:
         self._launchers: dict[int, Connection] = {}
         self._ranks: dict[int, Connection] = {}
         self._futures: list[Future] = []
-        self._next_health = 0.0
 
     # ------------------------------------------------------------------ running
     def run(self) -> None:
@@ -237,10 +235,6 @@ class WorkerGroup:
                 conn.send(("ack", index, path))
 
     def _check_health(self) -> None:
-        now = time.monotonic()
-        if now < self._next_health:
-            return
-        self._next_health = now + _HEALTH_EVERY_S  # asking the scheduler is a round trip
         gone = [w for w in self.lost() if w in self.workers]
         if gone:
             raise GroupFailure(f"worker(s) {gone} of the group left the cluster", lost=gone)
