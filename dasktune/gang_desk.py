@@ -11,8 +11,9 @@ here speaks Dask; the driver decides.
 
 News of a gang's workers is :data:`LOST` (the worker left the cluster: the gang's slots
 are free again) or :data:`RETIRING` (the worker is closing gracefully: its retirement
-waits, up to ``dasktune.executor.evacuate-timeout``, until the trial has checkpointed
-and released the gang). Both are sticky: a retired worker stays retiring once gone.
+waits until the trial has checkpointed and released the gang -- a worker already
+closing, up to ``dasktune.executor.evacuate-timeout``). Both are sticky: a retired
+worker stays retiring once gone.
 
 A note is ``("want", GangRequest)``, ``("withdraw", GangRequest)`` (a request whose
 caller gave up waiting) or ``("release", gang_id)``.

@@ -437,8 +437,8 @@ def wait_gang_lost(gang: WorkerGang, timeout: float | None = None) -> list[str]:
 def gang_retiring(gang: WorkerGang) -> list[str]:
     """The workers of ``gang`` that are retiring gracefully ([] while none is): a
     ``retire_workers``, an adaptive scale-down, a batch job's end or a SIGTERM under a
-    nanny. Their retirement waits until the gang is released, for at most
-    ``dasktune.executor.evacuate-timeout``: checkpoint, stop the ranks,
+    nanny. Their retirement waits until the gang is released (a worker already closing:
+    at most ``dasktune.executor.evacuate-timeout``): checkpoint, stop the ranks,
     :func:`release_workers` and reserve a fresh gang. A retired worker stays listed."""
     return _gang_session("gang_retiring").gang_retiring(gang)
 
