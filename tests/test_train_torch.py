@@ -351,8 +351,11 @@ def test_retiring_head_worker_gives_a_notice_and_the_trial_resumes_from_its_chec
     assert [r["start"] for r in starts[2:]] == [noticed_at, noticed_at]  # nothing lost
 
 
+@pytest.mark.parametrize("how", ["retire_workers", "sigterm"])
 def test_retiring_a_rank_worker_checkpoints_first_and_restarts_the_group_on_a_fresh_gang(
-        dask_processes, connect, tmp_path):
+        dask_processes, connect, tmp_path, how):
+    """Rank 1's worker (not the head's) retires: ``client.retire_workers``, or SIGTERM to
+    its ``dask worker`` (the nanny closes the worker)."""
     from distributed import Client
 
     procs = dask_processes(n_workers=4, nthreads=1, resources="CPU=1")
@@ -381,7 +384,12 @@ def test_retiring_a_rank_worker_checkpoints_first_and_restarts_the_group_on_a_fr
         victim = next(addr for addr, pid in client.run(os.getpid).items()
                       if pid == rank1["worker_pid"])
         assert victim != read_jsonl(str(d / "result.json"))[-1]["worker"]  # not the head
-        client.retire_workers([victim], close_workers=True, remove=True)
+        if how == "sigterm":
+            with open(f"/proc/{rank1['worker_pid']}/stat") as f:
+                nanny = int(f.read().rsplit(")", 1)[1].split()[1])  # the worker's parent
+            os.kill(next(p for p in procs.workers if p.pid == nanny).pid, signal.SIGTERM)
+        else:
+            client.retire_workers([victim], close_workers=True, remove=True)
         thread.join(300)
         assert not thread.is_alive(), "the trial did not finish"
         # Retired once the group had left it.

@@ -25,12 +25,13 @@ A base class of :class:`~dasktune.execution.dask_executor.DaskExecutor`, using i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dasktune.execution.dask_runs import Run, fence_of
+from dasktune.execution.dask_runs import Run, fence_of, settled
 from dasktune.execution.protocol import EventKind, ExecEvent, GangRequest, WorkerGang
 from dasktune.execution.recovery import GangSlot
 from dasktune.gang_desk import LOST
@@ -127,7 +128,7 @@ class GangGrants:
         held = self._gangs.pop(gang_id, None)
         if held is not None:
             self._ledger.give_back_gang(gang_id, held.gang.workers, held.gang.bundles)
-            self._loop.call_soon_threadsafe(self._drop_slots, gang_id)
+            asyncio.run_coroutine_threadsafe(self._drop_slots(gang_id), self._loop)
 
     # ------------------------------------------------------------ the executor's own
     def gangs_of(self: DaskExecutor, trial_id: str) -> list[WorkerGang]:
@@ -139,7 +140,7 @@ class GangGrants:
         return [g.gang for g in self._gangs.values() if addr in g.gang.workers]
 
     def _hold_slots(self: DaskExecutor, gang_id: str, workers: list[str]) -> None:
-        # On the client loop, in call order with _drop_slots.
+        # On the client loop, before _drop_slots (both are scheduled in call order).
         if gang_id not in self._slots:
             self._slots[gang_id] = [
                 self.client.submit(GangSlot, actor=True, workers=[addr],
@@ -147,8 +148,15 @@ class GangGrants:
                                    key=f"dasktune-gang-slot-{gang_id}-{i}")
                 for i, addr in enumerate(workers)]
 
-    def _drop_slots(self: DaskExecutor, gang_id: str) -> None:
-        for future in self._slots.pop(gang_id, []):
+    async def _drop_slots(self: DaskExecutor, gang_id: str) -> None:
+        futures = self._slots.pop(gang_id, [])
+        # Not before each actor exists: the scheduler keeps an actor released while it
+        # was being created on its worker's list of actors, so Dask would refuse to
+        # retire that worker for good (distributed 2026.8).
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*(settled(f) for f in futures)),
+                                   self._start_timeout)
+        for future in futures:
             future.release()
 
     def _release_gangs_of(self: DaskExecutor, trial_id: str) -> None:

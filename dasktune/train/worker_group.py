@@ -246,21 +246,33 @@ class WorkerGroup:
 
     # ------------------------------------------------------------------ stopping
     def stop(self) -> None:
-        """Kill every rank's process (by its launcher, by PID on its worker), close every
-        connection, wait briefly for the launchers, drop the run's staged folders."""
+        """Kill every rank's process (by its launcher, by PID on its worker), wait briefly
+        until each launcher has hung up, close every connection, cancel the launchers'
+        tasks, drop the run's staged folders."""
         for conn in self._launchers.values():
             with contextlib.suppress(OSError):
                 conn.send(("kill",))
-        for conn in [*self._ranks.values(), *self._launchers.values()]:
+        for conn in self._ranks.values():
             conn.close()
-        live = [f for f in self._futures if f.status == "pending"]
-        deadline = time.monotonic() + _KILL_WAIT_S
-        while live and time.monotonic() < deadline:
-            time.sleep(0.05)
-            live = [f for f in live if f.status == "pending"]
+        self._await_launchers()
+        for conn in self._launchers.values():
+            conn.close()
         if self._futures:
             self.client.cancel(self._futures)
         self._drop_staged()
+
+    def _await_launchers(self) -> None:
+        """Wait up to ``_KILL_WAIT_S`` for every launcher to hang up, which it does once
+        its rank's process is dead. Its connection, not its task's state: a closing
+        worker (one that retires) never reports the end of its tasks."""
+        live = [c for c in self._launchers.values() if not c.closed]
+        deadline = time.monotonic() + _KILL_WAIT_S
+        while live and time.monotonic() < deadline:
+            for conn in wait(live, timeout=max(0.0, deadline - time.monotonic())):
+                try:
+                    conn.recv()  # a last "exit" note, then the end
+                except (EOFError, OSError):
+                    live.remove(conn)  # type: ignore[arg-type]
 
     def _drop_staged(self) -> None:
         info = self.spec.info
