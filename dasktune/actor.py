@@ -323,11 +323,13 @@ class TrialActor:
         if self._is(attempt) and self._attempt.gangs is not None:
             self._attempt.gangs.refuse(request_id, why)
 
-    async def gang_lost(self, gang_id: str, workers: list[str],
+    async def gang_news(self, what: str, gang_id: str, workers: list[str],
                         attempt: str | None = None) -> None:
-        """Workers of the attempt's gang ``gang_id`` left the cluster."""
+        """Workers of the attempt's gang ``gang_id`` left the cluster (``what`` is
+        ``"lost"``) or are retiring (``"retiring"``): see
+        :meth:`dasktune.gang_desk.GangDesk.mark`."""
         if self._is(attempt) and self._attempt.gangs is not None:
-            self._attempt.gangs.mark_lost(gang_id, workers)
+            self._attempt.gangs.mark(what, gang_id, workers)
 
     async def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()

@@ -1,11 +1,19 @@
-"""A trial's side of gang reservations: its requests for workers, grants, losses.
+"""A trial's side of gang reservations: its requests for workers, grants, and the
+news of its gangs' workers (lost, retiring).
 
 One :class:`GangDesk` per attempt, shared by two threads: the trial's (the user's code
-calls :meth:`GangDesk.reserve`, :meth:`~GangDesk.release`, :meth:`~GangDesk.lost`
-through ``dasktune.session``) and the trial actor's, on the worker's event loop, which
-hands the desk's notes to the driver in its poll replies (:meth:`~GangDesk.take_notes`)
-and delivers the driver's answers (:meth:`~GangDesk.grant`, :meth:`~GangDesk.refuse`,
-:meth:`~GangDesk.mark_lost`). Nothing here speaks Dask; the driver decides.
+calls :meth:`GangDesk.reserve`, :meth:`~GangDesk.release`, :meth:`~GangDesk.lost`,
+:meth:`~GangDesk.retiring` through ``dasktune.session``) and the trial actor's, on the
+worker's event loop, which hands the desk's notes to the driver in its poll replies
+(:meth:`~GangDesk.take_notes`) and delivers the executor's answers and news
+(:meth:`~GangDesk.grant`, :meth:`~GangDesk.refuse`, :meth:`~GangDesk.mark`). Nothing
+here speaks Dask; the driver decides.
+
+News of a gang's workers is :data:`LOST` (the worker left the cluster: the gang's slots
+are free again) or :data:`RETIRING` (the worker is closing gracefully: its retirement
+waits until the trial has checkpointed and released the gang -- a worker already
+closing, up to ``dasktune.executor.evacuate-timeout``). Both are sticky: a retired
+worker stays retiring once gone.
 
 A note is ``("want", GangRequest)``, ``("withdraw", GangRequest)`` (a request whose
 caller gave up waiting) or ``("release", gang_id)``.
@@ -31,7 +39,10 @@ from dasktune.execution.gang_placement import check_strategy
 from dasktune.execution.protocol import GangRequest, WorkerGang
 from dasktune.resources import normalize_request
 
-__all__ = ["GangDesk", "GangStopped", "normalize_bundles"]
+__all__ = ["LOST", "NEWS", "RETIRING", "GangDesk", "GangStopped", "normalize_bundles"]
+
+LOST, RETIRING = "lost", "retiring"
+NEWS = (LOST, RETIRING)  #: what :meth:`GangDesk.mark` may say of a gang's workers
 
 _WAKE_S = 0.2  # how often a waiting reserve() looks whether the attempt was stopped
 _ids = itertools.count(1)
@@ -84,7 +95,8 @@ class GangDesk:
         self._reserved = reserved
         self._held: dict[str, WorkerGang] = {} if reserved is None else \
             {reserved.gang_id: reserved}
-        self._lost: dict[str, list[str]] = {}
+        self._news: dict[str, dict[str, list[str]]] = {what: {} for what in NEWS}
+        self._lost = self._news[LOST]
         self._closed = False
         self._relayed = False  # the requests are a child process's: answers go to it
         self._answers: list[tuple[Any, ...]] = []
@@ -153,6 +165,11 @@ class GangDesk:
         with self._cond:
             return list(self._lost.get(gang.gang_id, []))
 
+    def retiring(self, gang: WorkerGang) -> list[str]:
+        """The workers of ``gang`` that are retiring or retired ([] while none is)."""
+        with self._cond:
+            return list(self._news[RETIRING].get(gang.gang_id, []))
+
     def wait_lost(self, gang: WorkerGang, timeout: float | None = None) -> list[str]:
         """Wait up to ``timeout`` s for a worker of ``gang`` to be lost; :meth:`lost`."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -200,14 +217,21 @@ class GangDesk:
                 waiting.error = why
                 self._cond.notify_all()
 
+    def mark(self, what: str, gang_id: str, workers: list[str]) -> None:
+        """News of ``workers`` of the gang ``gang_id``: :data:`LOST` (gone; the gang's
+        slots are free again) or :data:`RETIRING` (closing gracefully)."""
+        if what not in NEWS:
+            raise ValueError(f"GangDesk.mark: {what!r} is not one of {NEWS}")
+        with self._cond:
+            known = self._news[what].setdefault(gang_id, [])
+            known.extend(w for w in workers if w not in known)
+            if self._relayed:
+                self._answers.append((what, gang_id, list(workers)))
+            self._cond.notify_all()
+
     def mark_lost(self, gang_id: str, workers: list[str]) -> None:
         """``workers`` of the gang ``gang_id`` are gone (its slots are free again)."""
-        with self._cond:
-            self._lost.setdefault(gang_id, []).extend(
-                w for w in workers if w not in self._lost.get(gang_id, []))
-            if self._relayed:
-                self._answers.append(("lost", gang_id, list(workers)))
-            self._cond.notify_all()
+        self.mark(LOST, gang_id, workers)
 
     def close(self) -> None:
         """The attempt ended: waiting calls give up (the executor frees its gangs)."""
@@ -246,5 +270,5 @@ class GangDesk:
                     self._wake()
             elif answer[0] == "refuse":
                 self.refuse(answer[1], answer[2])
-            elif answer[0] == "lost":
-                self.mark_lost(answer[1], answer[2])
+            elif answer[0] in NEWS:
+                self.mark(answer[0], answer[1], answer[2])

@@ -1,12 +1,14 @@
 """``tune.report``, ``tune.get_checkpoint``, ``tune.get_context`` inside a running trial.
 
 Also the trial's gang reservations (:func:`reserve_workers`, :func:`release_workers`,
-:func:`gang_lost`, :func:`wait_gang_lost`): several worker processes for one trial, all
-or none, granted by the driver (the desk between the trial and its actor is
-:mod:`dasktune.gang_desk`). The agreement with ``dasktune.train`` is in GANG_API.md:
-a lost gang worker does not lose the trial -- the gang's slots are given back and
-:func:`gang_lost` names the dead workers, for the trainer to restart its group on a
-fresh gang; the trial is lost (and its gangs released) when its own worker dies.
+:func:`gang_lost`, :func:`wait_gang_lost`, :func:`gang_retiring`): several worker
+processes for one trial, all or none, granted by the driver (the desk between the trial
+and its actor is :mod:`dasktune.gang_desk`). The agreement with ``dasktune.train`` is in
+GANG_API.md: a lost gang worker does not lose the trial -- the gang's slots are given
+back and :func:`gang_lost` names the dead workers, for the trainer to restart its group
+on a fresh gang; a retiring one is named by :func:`gang_retiring` while its retirement
+waits for the gang's release; the trial is lost (and its gangs released) when its own
+worker dies.
 
 Over ~400 lines because every call a trial's code makes lives here, one home for what
 ``tune`` and ``dasktune.train`` hand the user (the desk behind the gang calls is not).
@@ -287,6 +289,10 @@ class TrialSession:
         """Wait up to ``timeout`` s for a worker of ``gang`` to be lost; :meth:`gang_lost`."""
         return self._desk().wait_lost(gang, timeout)
 
+    def gang_retiring(self, gang: WorkerGang) -> list[str]:
+        """The workers of ``gang`` that are retiring ([] while none is; see :func:`gang_retiring`)."""
+        return self._desk().retiring(gang)
+
     def at_end(self, fn: Callable[[bool], None]) -> None:
         """Call ``fn(failed)`` in the trial's thread when this attempt ends."""
         self._at_end.append(fn)
@@ -426,6 +432,15 @@ def gang_lost(gang: WorkerGang) -> list[str]:
 def wait_gang_lost(gang: WorkerGang, timeout: float | None = None) -> list[str]:
     """Block up to ``timeout`` s until a worker of ``gang`` is lost; as :func:`gang_lost`."""
     return _gang_session("wait_gang_lost").wait_gang_lost(gang, timeout)
+
+
+def gang_retiring(gang: WorkerGang) -> list[str]:
+    """The workers of ``gang`` that are retiring gracefully ([] while none is): a
+    ``retire_workers``, an adaptive scale-down, a batch job's end or a SIGTERM under a
+    nanny. Their retirement waits until the gang is released (a worker already closing:
+    at most ``dasktune.executor.evacuate-timeout``): checkpoint, stop the ranks,
+    :func:`release_workers` and reserve a fresh gang. A retired worker stays listed."""
+    return _gang_session("gang_retiring").gang_retiring(gang)
 
 
 class TrialResources(dict):

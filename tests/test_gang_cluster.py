@@ -203,6 +203,57 @@ def test_a_lost_gang_worker_is_told_to_the_trial_and_frees_the_others(cluster, t
     assert survivor in again["workers"] and victim not in again["workers"]
 
 
+def retire_a_rank(config: dict[str, Any]) -> None:
+    """Reserve 2, say where, wait for the news that one retires, note whether it is still
+    in the cluster then, give the gang back and reserve a fresh 2."""
+    from distributed import get_client
+
+    from dasktune.session import gang_lost, gang_retiring, release_workers, reserve_workers
+
+    gang = reserve_workers([{"CPU": 1}] * 2)
+    _record(config["out"], {"phase": "granted", "workers": gang.workers})
+    deadline = time.monotonic() + 90
+    while not gang_retiring(gang) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    retiring = gang_retiring(gang)
+    present = set(get_client().scheduler_info(n_workers=-1)["workers"])
+    _record(config["out"], {"phase": "retiring", "retiring": retiring,
+                            "present": [w for w in retiring if w in present],
+                            "lost": gang_lost(gang)})
+    release_workers(gang)
+    again = reserve_workers([{"CPU": 1}] * 2, timeout=60)
+    _record(config["out"], {"phase": "again", "workers": again.workers})
+    tune.report({"retiring": len(retiring)})
+
+
+@pytest.mark.parametrize("isolate", [False, True])
+def test_a_retiring_gang_worker_is_news_and_retires_once_the_gang_is_released(
+        cluster, tmp_path, isolate):  # noqa: F811
+    import dask
+    from distributed import Client
+
+    procs = cluster(4)
+    out = str(tmp_path / "retire.jsonl")
+    with dask.config.set({"dasktune.executor.isolate": isolate}):
+        tuner = tune.Tuner(retire_a_rank, param_space={"out": out},
+                           run_config=tune.RunConfig(storage_path=str(tmp_path / "results"),
+                                                     name="retire", verbose=0))
+        thread, box = run_in_thread(tuner.fit)
+        first = wait_for(lambda: read_jsonl(out), 90, what="the gang's grant")[0]
+        victim = first["workers"][1]
+        with Client(procs.address, set_as_default=False, timeout="20s") as client:
+            client.retire_workers([victim], close_workers=True, remove=True)
+            grid = join(thread, box, 120)
+            wait_for(lambda: victim not in client.scheduler_info(n_workers=-1)["workers"],
+                     timeout=30, what=f"{victim} to retire once its gang was released")
+    assert grid.num_errors == 0, grid.errors
+    heard, again = read_jsonl(out)[1:]
+    # Told at once, while Dask held the retirement for the gang; not as a loss.
+    assert heard == {"phase": "retiring", "retiring": [victim], "present": [victim],
+                     "lost": []}
+    assert victim not in again["workers"]
+
+
 def test_the_driver_learns_the_gang_shape_and_starts_only_what_fits(cluster, tmp_path):  # noqa: F811
     cluster(5)
     grid, rows = _fit(tmp_path, gang_trial, n=2, hold=0.5, samples=7, timeout=240)

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from dasktune.execution import GangRequest, WorkerGang
-from dasktune.gang_desk import GangDesk, GangStopped
+from dasktune.gang_desk import LOST, RETIRING, GangDesk, GangStopped
 from dasktune.session import StopTrial, TrialSession, TrialSpec, reserve_workers
 
 TWO = [{"CPU": 1.0}, {"CPU": 1.0}]
@@ -93,6 +93,22 @@ def test_release_once_and_loss_are_told():
     assert d.take_notes() == []
 
 
+def test_a_retiring_worker_is_news_apart_from_a_loss_and_the_gang_stays_held():
+    d, _, _ = desk()
+    answer_when_asked(d, lambda req: d.grant(req.request_id, gang()))
+    got = d.reserve(TWO)
+    assert d.retiring(got) == []
+    d.mark(RETIRING, "g1", ["tcp://a:2"])
+    d.mark(RETIRING, "g1", ["tcp://a:2"])  # told twice (re-asked retirements): once
+    d.mark(RETIRING, "other", ["tcp://a:1"])
+    assert d.retiring(got) == ["tcp://a:2"]
+    assert d.lost(got) == [] and d.wait_lost(got, timeout=0.05) == []
+    d.mark(LOST, "g1", ["tcp://a:2"])  # then it is gone: still retiring, now lost too
+    assert d.retiring(got) == d.lost(got) == ["tcp://a:2"]
+    with pytest.raises(ValueError, match="'gone' is not one of"):
+        d.mark("gone", "g1", ["tcp://a:2"])
+
+
 def test_release_is_a_note_once():
     d, _, _ = desk()
     answer_when_asked(d, lambda req: d.grant(req.request_id, gang()))
@@ -148,6 +164,9 @@ def test_an_isolated_trials_requests_are_relayed_both_ways():
 
     threading.Thread(target=actor_and_driver, daemon=True).start()
     assert child.reserve(TWO) == gang()
+    parent.mark(RETIRING, "g1", ["tcp://a:2"])
+    child.apply_answers(parent.take_answers())
+    assert child.retiring(gang()) == ["tcp://a:2"] and child.lost(gang()) == []
     parent.mark_lost("g1", ["tcp://a:1"])
     child.apply_answers(parent.take_answers())
     assert child.lost(gang()) == ["tcp://a:1"]

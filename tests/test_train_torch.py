@@ -288,7 +288,8 @@ def notice_loop(config: dict[str, Any]) -> None:
             start = json.load(f)["step"]
     trial_dir = ctx.get_trial_dir()
     _append(os.path.join(trial_dir, "ranks.jsonl"), {"rank": rank, "start": start,
-                                                     "pid": os.getpid()})
+                                                     "pid": os.getpid(),
+                                                     "worker_pid": os.getppid()})
     noticed = False
     for step in range(start + 1, config["steps"] + 1):
         _append(os.path.join(trial_dir, "steps.jsonl"), {"rank": rank, "step": step})
@@ -348,6 +349,71 @@ def test_retiring_head_worker_gives_a_notice_and_the_trial_resumes_from_its_chec
     noticed_at = notices[0]["step"]
     starts = read_jsonl(str(d / "ranks.jsonl"))
     assert [r["start"] for r in starts[2:]] == [noticed_at, noticed_at]  # nothing lost
+
+
+@pytest.mark.parametrize("how", ["retire_workers", "sigterm"])
+def test_retiring_a_rank_worker_checkpoints_first_and_restarts_the_group_on_a_fresh_gang(
+        dask_processes, connect, tmp_path, how):
+    """Rank 1's worker (not the head's) retires: ``client.retire_workers``, or SIGTERM to
+    its ``dask worker`` (the nanny closes the worker)."""
+    from distributed import Client
+
+    procs = dask_processes(n_workers=4, nthreads=1, resources="CPU=1")
+    connect(procs.address)
+    steps = 12
+    out: dict[str, Any] = {}
+    tuner = tune.Tuner(
+        tune.with_resources(notice_driver, train.ScalingConfig(num_workers=2)),
+        param_space={"steps": steps, "sleep": 0.3},
+        run_config=tune.RunConfig(name="rank-retire", storage_path=str(tmp_path / "results"),
+                                  verbose=0))
+    thread = threading.Thread(target=lambda: out.setdefault("grid", tuner.fit()), daemon=True)
+    thread.start()
+    exp = tmp_path / "results" / "rank-retire"
+
+    def running_at_step_3() -> Any:
+        dirs = [d for d in exp.glob("*") if d.is_dir()] if exp.exists() else []
+        if not dirs:
+            return None
+        ran = [r["step"] for r in read_jsonl(str(dirs[0] / "steps.jsonl"))]
+        return dirs[0] if ran and max(ran) >= 3 else None
+
+    d = wait_for(running_at_step_3, timeout=240, what="the group at step 3")
+    rank1 = next(r for r in read_jsonl(str(d / "ranks.jsonl")) if r["rank"] == 1)
+    with Client(procs.address, set_as_default=False, timeout="20s") as client:
+        victim = next(addr for addr, pid in client.run(os.getpid).items()
+                      if pid == rank1["worker_pid"])
+        assert victim != read_jsonl(str(d / "result.json"))[-1]["worker"]  # not the head
+        if how == "sigterm":
+            with open(f"/proc/{rank1['worker_pid']}/stat") as f:
+                nanny = int(f.read().rsplit(")", 1)[1].split()[1])  # the worker's parent
+            os.kill(next(p for p in procs.workers if p.pid == nanny).pid, signal.SIGTERM)
+        else:
+            client.retire_workers([victim], close_workers=True, remove=True)
+        thread.join(300)
+        assert not thread.is_alive(), "the trial did not finish"
+        # Retired once the group had left it.
+        wait_for(lambda: victim not in client.scheduler_info(n_workers=-1)["workers"],
+                 timeout=60, what=f"{victim} to retire")
+    grid = out["grid"]
+    assert not grid.errors, grid.errors  # max_failures=0: a retirement is no failure
+    assert [r["step"] for r in read_jsonl(str(d / "result.json"))] == \
+        list(range(1, steps + 1))  # each step reported exactly once
+    notices = read_jsonl(str(d / "notices.jsonl"))
+    assert sorted(n["rank"] for n in notices) == [0, 1]  # both ranks checkpointed on notice
+    noticed_at = notices[0]["step"]
+    assert notices[1]["step"] == noticed_at
+    starts = read_jsonl(str(d / "ranks.jsonl"))
+    assert len(starts) == 4, starts  # one restart, both ranks
+    assert [r["start"] for r in starts[2:]] == [noticed_at, noticed_at]  # nothing lost
+    # The restarted rank 1 runs elsewhere: the retired worker took no new rank.
+    assert all(r["worker_pid"] != rank1["worker_pid"] for r in starts[2:])
+    for rank in (0, 1):
+        ran = [r["step"] for r in read_jsonl(str(d / "steps.jsonl")) if r["rank"] == rank]
+        assert ran[-(steps - noticed_at):] == list(range(noticed_at + 1, steps + 1))
+    pids = [r["pid"] for r in starts]
+    wait_for(lambda: not any(_alive(p) for p in pids), timeout=30,
+             what=f"every rank process to exit ({pids})")
 
 
 # ------------------------------------------------------------ without the callback; misuse

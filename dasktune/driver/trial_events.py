@@ -47,6 +47,7 @@ class TrialEvents:
         kind = event.kind
         if kind is EventKind.WORKER_LOST:
             self.executor.lose_worker(event.worker)
+            self._retiring.discard(event.worker)  # gone: nothing left to retire
             return
         if kind is EventKind.WORKER_ADDED:
             return  # the step refills slots after any event but reports
@@ -54,7 +55,7 @@ class TrialEvents:
             moved = self.move_trials_off(event.worker)
             logger.info("worker %s is retiring: moving trials %s", event.worker, moved)
             self._retiring.add(event.worker)
-            self.executor.retire_when_free(event.worker)
+            self._retire_freed()
             return
         trial = self._by_id.get(event.trial_id)
         if trial is None or event.attempt != trial.attempt:
@@ -100,6 +101,7 @@ class TrialEvents:
                 logger.info("trial %s: %s; it runs on and may reserve a fresh gang",
                             trial.trial_id, event.error)
             note_gang(trial, None)
+            self._retire_freed()  # a gang on a retiring worker held its retirement
         self.saves.dirty = True
 
     def _on_started(self: TuneController, trial: Trial, event: ExecEvent) -> None:
@@ -231,10 +233,14 @@ class TrialEvents:
 
     # ------------------------------------------------------------- ends
     def _release(self: TuneController, trial: Trial) -> None:
-        worker = trial.placements[-1].worker if trial.placements else None
-        self.executor.release(trial.trial_id)
-        if worker in self._retiring and self.executor.retire_when_free(worker):
-            self._retiring.discard(worker)
+        self.executor.release(trial.trial_id)  # its gangs too
+        self._retire_freed()
+
+    def _retire_freed(self: TuneController) -> None:
+        """Retire the retiring workers that no trial or gang of ours holds any more."""
+        for worker in list(self._retiring):
+            if self.executor.retire_when_free(worker):
+                self._retiring.discard(worker)
 
     def _on_finished(self: TuneController, trial: Trial, error: str | None) -> None:
         winding = self._winding.pop(trial.trial_id, None)

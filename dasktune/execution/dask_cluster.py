@@ -2,7 +2,7 @@
 
 Cluster events come from the plugins of :mod:`dasktune.execution.recovery` over a
 pub/sub topic (:meth:`ClusterEvents.watch_cluster`) and become WORKER_* events for the
-driver; a retiring worker is retired once no trial of ours is on it.
+driver; a retiring worker is retired once no trial of ours and no gang is on it.
 
 Why demand tasks: Dask's ``Adaptive`` sizes a cluster from the scheduler's view
 (:meth:`distributed.Scheduler.adaptive_target` counts queued and unrunnable tasks), and
@@ -25,6 +25,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
+from dasktune import gang_desk
 from dasktune.execution import recovery
 from dasktune.execution.dask_runs import cancel_run
 from dasktune.execution.protocol import EventKind, ExecEvent
@@ -73,11 +74,11 @@ class ClusterEvents:
         return True
 
     def retire_when_free(self: DaskExecutor, addr: str) -> bool:
-        """Ask Dask again to retire ``addr`` once no trial of ours is on it (dropping
-        the idle actors pooled there, which would make Dask refuse)."""
+        """Ask Dask again to retire ``addr`` once no trial of ours and no gang is on it
+        (dropping the idle actors pooled there, which would make Dask refuse)."""
         if addr in self._retiring:
             self._drop_idle(addr)
-        if self.running_on(addr) or addr not in self._retiring:
+        if self.running_on(addr) or self.gangs_on(addr) or addr not in self._retiring:
             return False
 
         async def _retire() -> None:
@@ -111,7 +112,7 @@ class ClusterEvents:
             run = self._runs[tid]
             self._put(ExecEvent(LOST, tid, run.spec.attempt, error=f"worker {addr} was lost"))
             cancel_run(run)
-        self._lose_gang_workers(addr)
+        self._tell_gangs(addr, gang_desk.LOST)
         self._ledger.mark_stale()
         return lost
 

@@ -35,6 +35,7 @@ from dasktune.execution.dask_queue import QueuedAttempts
 from dasktune.execution.dask_runs import EventItem, Run, cancel_run, fence_of, started_event
 from dasktune.execution.ledger import ResourceLedger
 from dasktune.execution.protocol import EventKind, ExecEvent
+from dasktune.gang_desk import RETIRING
 
 if TYPE_CHECKING:
     from distributed import Client, Future
@@ -231,6 +232,8 @@ class DaskExecutor(AttemptPolling, QueuedAttempts, ClusterEvents, GangGrants):
             event = item.event
             if event.kind in _GANG_NOTE_KINDS:
                 self._on_gang_note(event)
+            elif event.kind is EventKind.WORKER_RETIRING:
+                self._tell_gangs(event.worker, RETIRING)  # here: gangs change on this thread
             if event.kind is UNQUEUED:
                 run = self._queued.get(event.trial_id)
                 if run is None or run.spec.attempt != event.attempt:

@@ -13,6 +13,11 @@ ledger counts changes only on the driver's thread: here, and in the executor's
 - A gang worker lost: the whole gang's slots come back, the actor is told
   (``session.gang_lost``) and a GANG_LOST event tells the driver; the trial runs on.
   Its own worker lost: the attempt is lost as always, and its end releases its gangs.
+- A gang worker retiring: the actor is told (``session.gang_retiring``), as the
+  WORKER_RETIRING event passes to the driver; the slots stay the trial's. Each worker of
+  a held gang holds a :class:`~dasktune.execution.recovery.GangSlot` actor, so Dask
+  does not retire it under the ranks: :meth:`~ClusterEvents.retire_when_free` asks
+  again once the trial released the gang.
 
 A base class of :class:`~dasktune.execution.dask_executor.DaskExecutor`, using its state.
 """
@@ -20,15 +25,20 @@ A base class of :class:`~dasktune.execution.dask_executor.DaskExecutor`, using i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dasktune.execution.dask_runs import Run, fence_of
+from dasktune.execution.dask_runs import Run, fence_of, settled
 from dasktune.execution.protocol import EventKind, ExecEvent, GangRequest, WorkerGang
+from dasktune.execution.recovery import GangSlot
+from dasktune.gang_desk import LOST
 
 if TYPE_CHECKING:
+    from distributed import Future
+
     from dasktune.execution.dask_executor import DaskExecutor
 
 __all__ = ["GANG_NOTES", "GangGrants", "gang_event"]
@@ -64,9 +74,11 @@ class GangGrants:
     """Placing, granting and releasing gangs (a base of ``DaskExecutor``)."""
 
     _gangs: dict[str, _Gang]
+    _slots: dict[str, list[Future]]
 
     def _init_gangs(self: DaskExecutor) -> None:
         self._gangs = {}
+        self._slots = {}  # gang id -> its GangSlot actors' futures (client loop only)
 
     # ------------------------------------------------------------ the driver's calls
     def can_ever_fit_gang(self: DaskExecutor, bundles: list[dict[str, float]],
@@ -92,6 +104,7 @@ class GangGrants:
                           devices=devices, bundles=[dict(b) for b in bundles],
                           strategy=strategy)
         self._gangs[gang_id] = _Gang(trial_id, gang)
+        self._loop.call_soon_threadsafe(self._hold_slots, gang_id, list(workers))
         if request_id:
             run = self._runs.get(trial_id)
             if run is None:
@@ -115,11 +128,36 @@ class GangGrants:
         held = self._gangs.pop(gang_id, None)
         if held is not None:
             self._ledger.give_back_gang(gang_id, held.gang.workers, held.gang.bundles)
+            asyncio.run_coroutine_threadsafe(self._drop_slots(gang_id), self._loop)
 
     # ------------------------------------------------------------ the executor's own
     def gangs_of(self: DaskExecutor, trial_id: str) -> list[WorkerGang]:
         """The gangs ``trial_id`` holds now."""
         return [g.gang for g in self._gangs.values() if g.trial_id == trial_id]
+
+    def gangs_on(self: DaskExecutor, addr: str) -> list[WorkerGang]:
+        """The gangs held now with a worker at ``addr``."""
+        return [g.gang for g in self._gangs.values() if addr in g.gang.workers]
+
+    def _hold_slots(self: DaskExecutor, gang_id: str, workers: list[str]) -> None:
+        # On the client loop, before _drop_slots (both are scheduled in call order).
+        if gang_id not in self._slots:
+            self._slots[gang_id] = [
+                self.client.submit(GangSlot, actor=True, workers=[addr],
+                                   allow_other_workers=False, pure=False,
+                                   key=f"dasktune-gang-slot-{gang_id}-{i}")
+                for i, addr in enumerate(workers)]
+
+    async def _drop_slots(self: DaskExecutor, gang_id: str) -> None:
+        futures = self._slots.pop(gang_id, [])
+        # Not before each actor exists: the scheduler keeps an actor released while it
+        # was being created on its worker's list of actors, so Dask would refuse to
+        # retire that worker for good (distributed 2026.8).
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*(settled(f) for f in futures)),
+                                   self._start_timeout)
+        for future in futures:
+            future.release()
 
     def _release_gangs_of(self: DaskExecutor, trial_id: str) -> None:
         for gang in self.gangs_of(trial_id):
@@ -150,21 +188,24 @@ class GangGrants:
         if not run.waiting:
             self._ledger.add(run.worker, _lendable(run.resources))
 
-    def _lose_gang_workers(self: DaskExecutor, addr: str) -> None:
-        """``addr`` is gone: every gang with a worker there is lost, its slots free."""
+    def _tell_gangs(self: DaskExecutor, addr: str, news: str) -> None:
+        """Tell the trials whose gangs have a worker at ``addr`` the ``news`` of it
+        (:data:`~dasktune.gang_desk.LOST`: the gang's slots are free, and a GANG_LOST
+        event tells the driver; :data:`~dasktune.gang_desk.RETIRING`: the gang holds on,
+        see the module docs)."""
         for gang_id, held in list(self._gangs.items()):
             if addr not in held.gang.workers:
                 continue
-            self.release_gang(gang_id)
             run = self._runs.get(held.trial_id)
-            if run is None:
-                continue
-            self._put(ExecEvent(EventKind.GANG_LOST, held.trial_id, run.spec.attempt,
-                                worker=addr, gang_id=gang_id,
-                                error=f"worker {addr} of gang {gang_id} was lost"))
-            if run.worker != addr:
+            if news == LOST:
+                self.release_gang(gang_id)
+                if run is not None:
+                    self._put(ExecEvent(EventKind.GANG_LOST, held.trial_id, run.spec.attempt,
+                                        worker=addr, gang_id=gang_id,
+                                        error=f"worker {addr} of gang {gang_id} was lost"))
+            if run is not None and run.worker != addr:
                 asyncio.run_coroutine_threadsafe(
-                    self._call_quiet(run, "gang_lost", gang_id, [addr], fence_of(run)),
+                    self._call_quiet(run, "gang_news", news, gang_id, [addr], fence_of(run)),
                     self._loop)
 
     async def _deliver(self: DaskExecutor, run: Run, request_id: str, gang: WorkerGang) -> None:

@@ -111,7 +111,10 @@ class Executor(Protocol):
     accounts the attempt's resources until :meth:`release`. Every attempt started
     ends in exactly one FINISHED, LOST or START_FAILED event (or UNQUEUED for one
     queued with :meth:`queue_after` that never started), after which the driver calls
-    :meth:`release`.
+    :meth:`release`. A gang's workers are news to the trial that holds it, told by the
+    executor (``session.gang_lost``, ``session.gang_retiring``): a worker lost frees the
+    gang's slots (a GANG_LOST event); a retiring one is retired only once no attempt
+    and no gang is on it (:meth:`retire_when_free`).
     """
 
     #: Whether :meth:`queue_after` can ever queue (the driver skips asking if not).
@@ -156,7 +159,8 @@ class Executor(Protocol):
         """``addr`` is gone: every attempt there ends in a LOST event; returns them."""
 
     def retire_when_free(self, addr: str) -> bool:
-        """Retire ``addr`` (a retiring worker) once no attempt runs there."""
+        """Retire ``addr`` (a retiring worker) if no attempt runs and no gang is held
+        there now; False if not (the driver asks again when one ends or is released)."""
 
     def demand(self, trial_id: str, resources: dict[str, float]) -> None:
         """Show an elastic cluster that ``trial_id`` waits for ``resources``."""

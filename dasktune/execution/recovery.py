@@ -17,10 +17,17 @@ failed poll:
   not when the worker is ``closing`` (it closes itself once its trials left, and a
   retirement asked meanwhile would flip its status back and close it twice).
 
+The ranks of a multi-worker trial are no actors but seceded tasks and their child
+processes, which Dask would retire under them at once. So the executor keeps a
+:class:`GangSlot` actor on each worker of a granted gang until the gang is released:
+Dask refuses to retire that worker as it refuses one with a trial, the trial learns that
+its gang's worker retires (``session.gang_retiring``), checkpoints and releases the gang,
+and the driver asks for the retirement again.
+
 A closing worker does not wait for that on its own: :class:`EvacuatePlugin`, a
 worker plugin, holds ``Worker.close`` (in its ``teardown``) until the worker's
-trials have checkpointed and stopped and the driver has their last reports, for at
-most ``dasktune.executor.evacuate-timeout``. Under a nanny (``dask worker``'s
+trials have checkpointed and stopped and the driver has their last reports, and the
+gangs there were released, for at most ``dasktune.executor.evacuate-timeout``. Under a nanny (``dask worker``'s
 default) SIGTERM closes the worker this way and the nanny kills it 8 s later (the
 CLI's ``Nanny.close(timeout=10)``), so keep the timeout below that. With
 ``--no-nanny`` a SIGTERM gives no such chance: the trials are lost and restart from
@@ -112,13 +119,23 @@ class RecoveryPlugin(SchedulerPlugin):
             self._send({"op": "retiring", "worker": topic, "status": msg["status"]})
 
 
+class GangSlot:
+    """The Dask actor the executor keeps on each worker of a granted gang while the gang
+    is held (see the module docs): it holds nothing but the worker's retirement."""
+
+    def evacuated(self) -> bool:
+        """Never while it exists: the executor drops it when the gang is released."""
+        return False
+
+
 class EvacuatePlugin(WorkerPlugin):
     """Holds a closing worker until its trials have moved off (see the module docs).
 
     ``teardown`` tells the driver the worker is going (the ``retiring`` event, which
     the scheduler also derives from the status change), then waits until every
     :class:`~dasktune.actor.TrialActor` there has ended and the driver has acknowledged
-    its last report, or ``dasktune.executor.evacuate-timeout`` has passed. It returns
+    its last report, and every :class:`GangSlot` there was dropped, or
+    ``dasktune.executor.evacuate-timeout`` has passed. It returns
     at once on a worker with no running trial. The driver, not this plugin, stops the
     trials, so it always knows that they ended because they were moved.
     """
@@ -211,10 +228,11 @@ def _keep_closing(worker: Worker, handler: Any) -> Any:
 
 
 def _busy(worker: Worker) -> bool:
-    """Whether a trial on ``worker`` still runs or holds reports the driver lacks."""
+    """Whether a trial on ``worker`` still runs or holds reports the driver lacks, or a
+    gang there is still held."""
     from dasktune.actor import TrialActor
 
-    return any(isinstance(a, TrialActor) and not a.evacuated()
+    return any(isinstance(a, (TrialActor, GangSlot)) and not a.evacuated()
                for a in list(worker.state.actors.values()))
 
 

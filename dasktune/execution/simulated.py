@@ -208,7 +208,8 @@ class SimulatedExecutor:
                                                  worker=addr, gang_id=gang_id))
 
     def retire_when_free(self, addr: str) -> bool:
-        if addr not in self._pool.retiring or self.running_on(addr):
+        held = any(addr in gang.workers for _tid, gang in self._gangs.values())
+        if addr not in self._pool.retiring or self.running_on(addr) or held:
             return False
         self._pool.remove(addr)
         return True

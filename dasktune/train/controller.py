@@ -12,16 +12,25 @@ forwarded as the trial's result. A group that fails restarts from the newest
 committed checkpoint on a fresh gang, up to the trainer's ``FailureConfig(max_failures)``
 times; then :class:`~dasktune.train.config.TrainingFailedError` ends ``fit()`` and the
 Tune trial's own ``FailureConfig`` applies.
+
+A gang worker that retires gracefully is news from the executor
+(``session.gang_retiring``), as a lost one is (``session.gang_lost``); its retirement
+waits for the gang. The ranks get a preemption notice (``train.get_preemption_info``);
+the group stops at the first checkpoint committed after that, or once
+``dasktune.executor.evacuate-timeout`` passed without one, and restarts on a fresh gang
+from the newest checkpoint -- not a failure, as Ray counts preemptions apart.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import warnings
 from typing import TYPE_CHECKING, Any
 
 from distributed import get_client
 
+from dasktune import _dask_config
 from dasktune.checkpoint import Checkpoint
 from dasktune.results import Result
 from dasktune.session import StopTrial, TrialSession, node_ip
@@ -64,7 +73,8 @@ class TrainController:
         self.last_metrics: dict[str, Any] = {}
         self.runs = 0  # groups started, restarts included
         self._gang: WorkerGang | None = None
-        self._retiring: list[str] = []  # the gang's workers on their way out (polled)
+        self._retiring_since: float | None = None  # when the gang's retirement was heard
+        self._evacuate_s = _dask_config.get_seconds("executor.evacuate-timeout")
         if not forward and session.spec.trial_id not in _WARNED_NO_CALLBACK:
             _WARNED_NO_CALLBACK.add(session.spec.trial_id)
             warnings.warn(
@@ -93,7 +103,7 @@ class TrainController:
                 self._run_group(client, gang, group_id)
                 break
             except GroupFailure as exc:
-                if exc.lost and set(exc.lost) <= set(self._retiring):
+                if exc.lost and set(exc.lost) <= set(self.session.gang_retiring(gang)):
                     # A retirement (a spot notice), not a failure: Ray counts preemptions
                     # apart from max_failures, without limit by default.
                     logger.warning("trial %s: the worker group's worker(s) %s retired; "
@@ -130,23 +140,28 @@ class TrainController:
                         timeout_s=self.timeout_s)
         group_spec = GroupSpec(loop=self.loop_blob, loop_config=self.loop_config, info=info,
                                listen_host=node_ip(self.session.worker_address))
-        self._gang, self._retiring = gang, []
+        self._gang, self._retiring_since = gang, None
         group = WorkerGroup(client, gang.workers, gang.hosts, gang.devices, group_spec,
-                            self._on_report, lost=lambda: self._health(client, gang),
+                            self._on_report, lost=lambda: self.session.gang_lost(gang),
                             interrupt=self._interrupt, notice=self._preemption)
         group.run()
 
-    def _health(self, client: Any, gang: WorkerGang) -> list[str]:
-        """The gang's lost workers; notes those retiring (for the preemption notice)."""
-        workers = client.scheduler_info(n_workers=-1)["workers"]
-        # Sticky: once gone, a retired worker is no longer listed as retiring.
-        self._retiring += [w for w in gang.workers if w not in self._retiring and
-                           workers.get(w, {}).get("status") == "closing_gracefully"]
-        return self.session.gang_lost(gang)
+    def _retiring(self) -> list[str]:
+        """The gang's retiring workers (noting when the first was heard of)."""
+        retiring = self.session.gang_retiring(self._gang) if self._gang is not None else []
+        if retiring and self._retiring_since is None:
+            self._retiring_since = time.monotonic()
+        return retiring
 
     def _interrupt(self) -> None:
         if self.session.must_stop():
             raise StopTrial()  # Tune stopped the trial: the group is stopped on the way out
+        retiring = self._retiring()
+        if retiring and self._retiring_since is not None and \
+                time.monotonic() - self._retiring_since > self._evacuate_s:
+            raise GroupFailure(
+                f"worker(s) {retiring} of the group retire and no checkpoint came within "
+                f"dasktune.executor.evacuate-timeout ({self._evacuate_s:g}s)", lost=retiring)
 
     def _on_report(self, index: int, metrics: dict[str, Any], staged: str | None) -> str | None:
         """All ranks reported ``index``: commit its checkpoint once, forward rank 0's
@@ -161,6 +176,11 @@ class TrainController:
                 path = self._checkpoint_path()
         elif staged is not None:
             path = self.session.commit_staged(staged, dict(metrics))
+        retiring = self._retiring()
+        if retiring and path is not None:
+            # Nothing is lost past this checkpoint: let the workers go.
+            raise GroupFailure(f"worker(s) {retiring} of the group retire; it stopped at "
+                               f"its checkpoint {path}", lost=retiring)
         return path
 
     def _preemption(self) -> PreemptionInfo | None:
@@ -170,6 +190,6 @@ class TrainController:
         if self.session.stop_pending():
             ranks[self.session.worker_address] = list(range(self.scaling.num_workers))
         if self._gang is not None:
-            for worker in self._retiring:
+            for worker in self._retiring():
                 ranks.setdefault(worker, []).append(self._gang.workers.index(worker))
         return PreemptionInfo(deadline_ms=None, preempted_node_to_ranks=ranks) if ranks else None

@@ -46,7 +46,6 @@ logger = logging.getLogger(__name__)
 
 _START_TIMEOUT_S = 120.0  # launchers and ranks must connect within this (tasks queue)
 _KILL_WAIT_S = 10.0
-_HEALTH_EVERY_S = 1.0
 
 #: ``on_report(index, rank0_metrics, staged)`` -> the committed checkpoint's path.
 OnReport = Callable[[int, dict[str, Any], str | None], str | None]
@@ -86,7 +85,7 @@ class WorkerGroup:
         self.workers, self.hosts, self.devices = workers, hosts, devices
         self.spec = spec
         self.on_report = on_report
-        self.lost = lost  # workers of this group that left the cluster (polled)
+        self.lost = lost  # workers of this group that left the cluster (the gang's news)
         self.interrupt = interrupt  # raises when the trial must stop now (checked often)
         self.notice = notice  # the preemption notice now (asked by get_preemption_info)
         self.n = len(workers)
@@ -94,7 +93,6 @@ class WorkerGroup:
         self._launchers: dict[int, Connection] = {}
         self._ranks: dict[int, Connection] = {}
         self._futures: list[Future] = []
-        self._next_health = 0.0
 
     # ------------------------------------------------------------------ running
     def run(self) -> None:
@@ -237,10 +235,6 @@ class WorkerGroup:
                 conn.send(("ack", index, path))
 
     def _check_health(self) -> None:
-        now = time.monotonic()
-        if now < self._next_health:
-            return
-        self._next_health = now + _HEALTH_EVERY_S  # asking the scheduler is a round trip
         gone = [w for w in self.lost() if w in self.workers]
         if gone:
             raise GroupFailure(f"worker(s) {gone} of the group left the cluster", lost=gone)
@@ -252,21 +246,33 @@ class WorkerGroup:
 
     # ------------------------------------------------------------------ stopping
     def stop(self) -> None:
-        """Kill every rank's process (by its launcher, by PID on its worker), close every
-        connection, wait briefly for the launchers, drop the run's staged folders."""
+        """Kill every rank's process (by its launcher, by PID on its worker), wait briefly
+        until each launcher has hung up, close every connection, cancel the launchers'
+        tasks, drop the run's staged folders."""
         for conn in self._launchers.values():
             with contextlib.suppress(OSError):
                 conn.send(("kill",))
-        for conn in [*self._ranks.values(), *self._launchers.values()]:
+        for conn in self._ranks.values():
             conn.close()
-        live = [f for f in self._futures if f.status == "pending"]
-        deadline = time.monotonic() + _KILL_WAIT_S
-        while live and time.monotonic() < deadline:
-            time.sleep(0.05)
-            live = [f for f in live if f.status == "pending"]
+        self._await_launchers()
+        for conn in self._launchers.values():
+            conn.close()
         if self._futures:
             self.client.cancel(self._futures)
         self._drop_staged()
+
+    def _await_launchers(self) -> None:
+        """Wait up to ``_KILL_WAIT_S`` for every launcher to hang up, which it does once
+        its rank's process is dead. Its connection, not its task's state: a closing
+        worker (one that retires) never reports the end of its tasks."""
+        live = [c for c in self._launchers.values() if not c.closed]
+        deadline = time.monotonic() + _KILL_WAIT_S
+        while live and time.monotonic() < deadline:
+            for conn in wait(live, timeout=max(0.0, deadline - time.monotonic())):
+                try:
+                    conn.recv()  # a last "exit" note, then the end
+                except (EOFError, OSError):
+                    live.remove(conn)  # type: ignore[arg-type]
 
     def _drop_staged(self) -> None:
         info = self.spec.info
