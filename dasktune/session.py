@@ -3,8 +3,8 @@
 Also the trial's gang reservations (:func:`reserve_workers`, :func:`release_workers`,
 :func:`gang_lost`, :func:`wait_gang_lost`, :func:`gang_retiring`): several worker
 processes for one trial, all or none, granted by the driver (the desk between the trial
-and its actor is :mod:`dasktune.gang_desk`). The agreement with ``dasktune.train`` is in
-GANG_API.md: a lost gang worker does not lose the trial -- the gang's slots are given
+and its actor is :mod:`dasktune.gang_desk`; what they promise, for ``dasktune.train`` and
+any trainer, is in ``docs/guides/multi-worker-trials.md``): a lost gang worker does not lose the trial -- the gang's slots are given
 back and :func:`gang_lost` names the dead workers, for the trainer to restart its group
 on a fresh gang; a retiring one is named by :func:`gang_retiring` while its retirement
 waits for the gang's release; the trial is lost (and its gangs released) when its own
