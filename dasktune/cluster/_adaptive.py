@@ -44,6 +44,7 @@ from distributed.deploy.adaptive_core import AdaptiveCore
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
+from dasktune.cluster.adaptive_target import adaptive_target
 from dasktune.cluster.commands import worker_command
 
 if TYPE_CHECKING:
@@ -148,7 +149,8 @@ class LocalWorkerPool(AdaptiveCore, SchedulerPlugin):
 
     async def target(self) -> int:
         assert self.scheduler is not None
-        dask_target = self.scheduler.adaptive_target(target_duration=self.target_duration)
+        # The handler, not the method: with the plugins' additions (walltime, gangs).
+        dask_target = adaptive_target(self.scheduler, self.target_duration)
         busy = sum(1 for ws in self.scheduler.workers.values() if ws.actors)
         return max(dask_target, busy + self._workers_for_waiting())
 

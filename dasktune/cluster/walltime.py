@@ -32,6 +32,7 @@ from typing import Any
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 
 from dasktune import _dask_config
+from dasktune.cluster.adaptive_target import add_to_adaptive_target
 from dasktune.cluster.retire import retire_gracefully
 
 logger = logging.getLogger(__name__)
@@ -215,7 +216,7 @@ class WalltimeTargetPlugin(SchedulerPlugin):
 
     Each worker that announced its retirement within ``replace-ahead`` (on
     :data:`ENDING_TOPIC`) adds one worker to the scheduler's ``adaptive_target`` until it
-    leaves, so an adaptive cluster below its maximum submits the replacement job while the
+    leaves (chained with the other plugins' additions, :mod:`dasktune.cluster.adaptive_target`), so an adaptive cluster below its maximum submits the replacement job while the
     old one still runs. Workers hosting trial actors are never picked for downscaling
     (Dask sees no task running there).
     """
@@ -229,13 +230,11 @@ class WalltimeTargetPlugin(SchedulerPlugin):
 
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
-        base = scheduler.adaptive_target
+        add_to_adaptive_target(scheduler, self.ending_workers)
 
-        def adaptive_target(target_duration: float | None = None) -> int:
-            ending = len(self._ending & set(scheduler.workers))
-            return base(target_duration=target_duration) + ending
-
-        scheduler.handlers["adaptive_target"] = adaptive_target
+    def ending_workers(self) -> int:
+        """The workers still here that announced their end: each wants a replacement."""
+        return len(self._ending & set(self.scheduler.workers)) if self.scheduler else 0
 
     def log_event(self, topic: str, msg: Any, **kwargs: Any) -> None:
         if topic == ENDING_TOPIC and isinstance(msg, dict) and msg.get("worker"):

@@ -169,7 +169,7 @@ class TuneController(TrialEvents):
         # lands at most one iteration late. FIFO runs unthrottled.
         self._sync_reports = bool(_dask_config.get("executor.sync-reports")) or not fifo
         # Trials that ask for gangs of workers, and the experiment's gang shape.
-        self.gangs = GangQueue(executor, plan.gang_shape)
+        self.gangs = GangQueue(executor, plan.gang_shape, can_scale=plan.can_scale)
         # Queue-ahead lines only where asking the searcher early costs nothing and the
         # FIFO scheduler's choice is "the next trial"; an elastic cluster should grow
         # for a waiting trial instead. Not for gang trials: a queued attempt would start
@@ -429,9 +429,15 @@ class TuneController(TrialEvents):
         else:
             self._no_workers_since = None
         if can_scale:
-            # Adaptive sizes the cluster from the scheduler's tasks: show it this trial.
-            # (Withdrawn when it starts, in executor.start, or ends: _complete/_error.)
-            self.executor.demand(trial.trial_id, trial.resources)
+            # Adaptive sizes the cluster from the scheduler's view: show it this trial,
+            # with its gang if it has one. (Withdrawn when it starts, in
+            # executor.start, or ends: _complete/_error.)
+            shape = self.gangs.shape
+            if shape is None:
+                self.executor.demand(trial.trial_id, trial.resources)
+            else:
+                self.executor.demand(trial.trial_id, trial.resources, shape.bundles,
+                                     shape.strategy)
         self._waiting_reason = why or "all workers busy"
         self._waiting_trial = trial
 

@@ -12,6 +12,10 @@ starts a trial only where its head and B fit together, and reserves B with it
 (:meth:`GangQueue.start_group`): a trial never starts only to wait for workers, so
 ``max_concurrent_trials`` needs no hand-tuning. One shape per experiment, the first
 one asked: a trial that asks for another gives the reserved gang back and waits its turn.
+
+On an elastic cluster (``can_scale``) a request that the workers here can never hold is
+not refused but waits for more, and the first waiting request is shown to the cluster
+as demand (``executor.demand`` with its bundles), withdrawn once granted or forgotten.
 """
 
 from __future__ import annotations
@@ -62,9 +66,11 @@ def split_gang_request(request: Any) -> tuple[Any, GangShape | None]:
 class GangQueue:
     """Waiting gang requests in arrival order, and the experiment's gang shape."""
 
-    def __init__(self, executor: Executor, shape: GangShape | None = None):
+    def __init__(self, executor: Executor, shape: GangShape | None = None,
+                 can_scale: bool = False):
         self.executor = executor
         self.shape = shape
+        self.can_scale = can_scale
         self._waiting: list[tuple[Trial, GangRequest]] = []
 
     @property
@@ -83,9 +89,12 @@ class GangQueue:
 
     def withdraw(self, trial_id: str, request_id: str | None = None) -> None:
         """Forget ``trial_id``'s request (all of them, without ``request_id``)."""
+        before = len(self._waiting)
         self._waiting = [(t, r) for t, r in self._waiting
                          if t.trial_id != trial_id or
                          (request_id is not None and r.request_id != request_id)]
+        if len(self._waiting) < before:
+            self.executor.withdraw(trial_id)  # its gang waits no more
 
     def grant_waiting(self) -> bool:
         """Grant the waiting requests in order while they fit; True if some still wait."""
@@ -93,7 +102,7 @@ class GangQueue:
             trial, request = self._waiting[0]
             why = self.executor.can_ever_fit_gang(request.bundles, request.strategy,
                                                   head=trial.resources)
-            if why is not None:
+            if why is not None and not self.can_scale:  # an elastic cluster may grow
                 self._waiting.pop(0)
                 self.executor.refuse_workers(
                     trial.trial_id, request.request_id,
@@ -103,8 +112,12 @@ class GangQueue:
             group = self.executor.place_gang(request.bundles, request.strategy,
                                              head=trial.resources, head_worker=head_worker)
             if group is None:
+                if self.can_scale:  # show an elastic cluster the workers it lacks
+                    self.executor.demand(trial.trial_id, trial.resources, request.bundles,
+                                         request.strategy)
                 return True
             self._waiting.pop(0)
+            self.executor.withdraw(trial.trial_id)
             gang = self.executor.grant_workers(trial.trial_id, request.bundles,
                                                request.strategy, group[1:],
                                                request.request_id)

@@ -16,6 +16,15 @@ the scheduler knows can meet (no workers yet, or none with the trial's tags). An
 ``Adaptive`` weighs placeholders against every worker's threads, not knowing that trials
 occupy them: it adds workers for trials that no worker could take, not one per trial.
 
+A placeholder cannot say "N distinct worker processes", so a waiting gang (``demand``
+with ``bundles``: a trial that cannot start because its gang does not fit, or a running
+trial whose ``reserve_workers`` waits) is shown another way: the executor works out
+from its ledger how many workers the trial's head and bundles lack now
+(:meth:`~dasktune.execution.ledger.ResourceLedger.gang_shortfall`, the rule of
+:meth:`place_gang`) and tells the scheduler's
+:class:`~dasktune.execution.gang_demand.GangDemandPlugin`, which adds them to
+``adaptive_target``; ``withdraw`` (or the driver's shutdown) clears it.
+
 A base class of :class:`~dasktune.execution.dask_executor.DaskExecutor`, using its state.
 """
 
@@ -26,7 +35,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from dasktune import gang_desk
-from dasktune.execution import recovery
+from dasktune.execution import gang_demand, recovery
 from dasktune.execution.dask_runs import cancel_run
 from dasktune.execution.protocol import EventKind, ExecEvent
 
@@ -122,11 +131,19 @@ class ClusterEvents:
             self._loop.call_soon_threadsafe(future.release)
 
     # ------------------------------------------------------------ scale-up demand
-    def demand(self: DaskExecutor, trial_id: str, resources: dict[str, float]) -> None:
+    def demand(self: DaskExecutor, trial_id: str, resources: dict[str, float],
+               bundles: list[dict[str, float]] | None = None, strategy: str = "PACK") -> None:
         """Show the scheduler that ``trial_id`` waits for ``resources`` (see the module
-        docs): one placeholder task per trial, however often this is called. Returns at
-        once; the task is submitted on the client loop."""
-        if self._closed or trial_id in self._demands or trial_id in self._runs:
+        docs): one placeholder task per trial, however often this is called; with
+        ``bundles``, its gang: the workers it lacks, worked out again at each call (the
+        cluster changes while it waits). Returns at once; the scheduler is told on the
+        client loop."""
+        if self._closed:
+            return
+        if bundles and self._watching:
+            self._demand_gang(trial_id, resources, bundles, strategy)
+            return
+        if trial_id in self._demands or trial_id in self._runs:
             return
         request = {k: float(v) for k, v in resources.items() if v > 0}
         self._demands[trial_id] = request
@@ -136,9 +153,43 @@ class ClusterEvents:
         self._loop.call_soon_threadsafe(self._submit_demand, trial_id, key, request)
 
     def withdraw(self: DaskExecutor, trial_id: str) -> None:
-        """Release ``trial_id``'s placeholder task, if it has one (idempotent)."""
+        """Release ``trial_id``'s placeholder task and its gang's demand (idempotent)."""
         if self._demands.pop(trial_id, None) is not None:
             self._loop.call_soon_threadsafe(self._release_demand, trial_id)
+        if self._gang_demands.pop(trial_id, None) is not None:
+            self._tell_gang_demand(trial_id, 0, [])
+
+    def _demand_gang(self: DaskExecutor, trial_id: str, resources: dict[str, float],
+                     bundles: list[dict[str, float]], strategy: str) -> None:
+        """Tell the scheduler's :class:`~.gang_demand.GangDemandPlugin` how many workers
+        ``trial_id``'s head and gang lack now (by the ledger, as :meth:`place_gang`
+        places them; a running trial's head where it runs), when that changed."""
+        run = self._runs.get(trial_id)
+        lacking, keep = self._ledger.gang_shortfall(
+            bundles, strategy, resources, run.worker if run is not None else None)
+        known = sorted(self._ledger.workers())
+        told = (lacking, keep, known)
+        if self._gang_demands.get(trial_id) == told:
+            return
+        if not lacking and trial_id not in self._gang_demands:
+            return  # it fits now: nothing to show
+        self._gang_demands[trial_id] = told
+        self._tell_gang_demand(trial_id, lacking, keep, known)
+
+    def _tell_gang_demand(self: DaskExecutor, trial_id: str, workers: int, keep: list[str],
+                          known: list[str] | None = None) -> None:
+        self._demand_seq += 1
+        msg = {"client": self.client.id, "trial": trial_id, "seq": self._demand_seq,
+               "workers": workers, "keep": keep, "known": known or []}
+
+        async def tell() -> None:
+            try:
+                await self.client.scheduler.log_event(topic=gang_demand.TOPIC, msg=msg)
+            except Exception as exc:  # noqa: BLE001 - demand is advisory; placement goes on
+                logger.debug("gang demand of %s not sent: %r", trial_id, exc)
+
+        sent = asyncio.run_coroutine_threadsafe(tell(), self._loop)
+        self._gang_sends = [f for f in self._gang_sends if not f.done()] + [sent]
 
     def _submit_demand(self: DaskExecutor, trial_id: str, key: str, request: dict[str, float]) -> None:
         # On the client loop, in call order with _release_demand.

@@ -13,7 +13,7 @@ state, as the driver's ``TrialEvents``):
 
 - :mod:`.dask_polling` -- the async side: create an attempt's actor, poll it to its end;
 - :mod:`.dask_queue` -- attempts queued on a running one's actor;
-- :mod:`.dask_cluster` -- lost, retiring and added workers; scale-up demand tasks;
+- :mod:`.dask_cluster` -- lost, retiring and added workers; scale-up demand (tasks, gangs);
 - :mod:`.dask_gangs` -- gang grants: several workers for one trial, all or none.
 
 :mod:`.dask_runs` holds the per-attempt record (:class:`~.dask_runs.Run`) they share.
@@ -22,6 +22,7 @@ state, as the driver's ``TrialEvents``):
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import queue
 from typing import TYPE_CHECKING, Any
@@ -90,6 +91,10 @@ class DaskExecutor(AttemptPolling, QueuedAttempts, ClusterEvents, GangGrants):
         self._demands: dict[str, dict[str, float]] = {}
         self._demand_futures: dict[str, Future] = {}
         self._demand_seq = 0
+        # Trials whose gangs wait -> what the scheduler was told (lacking, keep, known),
+        # and the messages in flight (see .gang_demand).
+        self._gang_demands: dict[str, tuple[int, list[str], list[str]]] = {}
+        self._gang_sends: list[concurrent.futures.Future[None]] = []
         self._init_gangs()
 
     def _put(self, event: ExecEvent, taken: asyncio.Event | None = None,
@@ -293,8 +298,9 @@ class DaskExecutor(AttemptPolling, QueuedAttempts, ClusterEvents, GangGrants):
                                                     self._loop)
                    for addr, pool in self._idle.items() for key, future in pool]
         self._idle.clear()
-        for tid in list(self._demands):
+        for tid in {*self._demands, *self._gang_demands}:
             self.withdraw(tid)
+        closing.extend(self._gang_sends)
         # Runs after the releases queued above: when it is done, they have been made.
         closing.append(asyncio.run_coroutine_threadsafe(asyncio.sleep(0), self._loop))
         for done in closing:

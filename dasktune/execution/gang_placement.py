@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-__all__ = ["STRATEGIES", "assign", "check_strategy", "fits_free", "most_free", "place_group"]
+__all__ = ["STRATEGIES", "assign", "check_strategy", "fits_free", "most_free", "place_group",
+           "shortfall"]
 
 #: Ray's placement-group strategies.
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -171,3 +172,29 @@ def place_group(bundles: Sequence[Mapping[str, float]], strategy: str,
         return None
     got = assign(bundles, strategy, _minus(free, where, head), hosts, fits)
     return None if got is None else [where, *got]
+
+
+def shortfall(bundles: Sequence[Mapping[str, float]], strategy: str,
+              free: Mapping[str, Mapping[str, float]], hosts: Mapping[str, str],
+              head: Mapping[str, float] | None, head_worker: str | None,
+              fits: Callable[[str, Mapping[str, float]], bool] | None,
+              fresh: Mapping[str, float]) -> tuple[int, list[str]]:
+    """How many workers like ``fresh`` the group lacks beyond ``free``, and which of
+    ``free`` it would use then: ``(0, [...])`` if it fits now, ``(0, [])`` if no number
+    of such workers would do (they are never the host of ``head_worker``; under
+    ``STRICT_PACK`` all on one new host, else each on its own).
+
+    The same rule as :func:`place_group`, over the workers that are here and ``k`` new
+    ones, for the least ``k``: what an elastic cluster must add for the group."""
+    for k in range(len(bundles) + 2):
+        new = [f"\0new-{i}" for i in range(k)]  # no address looks like this
+        more = {**free, **{a: dict(fresh) for a in new}}
+        more_hosts = {**hosts, **{a: "\0new" if strategy == "STRICT_PACK" else a for a in new}}
+
+        def ok(addr: str, bundle: Mapping[str, float], new: list[str] = new) -> bool:
+            return addr in new or fits is None or fits(addr, bundle)
+
+        got = place_group(bundles, strategy, more, more_hosts, head, head_worker, ok)
+        if got is not None:
+            return k, sorted({a for a in got if a in free})
+    return 0, []

@@ -162,11 +162,15 @@ class Executor(Protocol):
         """Retire ``addr`` (a retiring worker) if no attempt runs and no gang is held
         there now; False if not (the driver asks again when one ends or is released)."""
 
-    def demand(self, trial_id: str, resources: dict[str, float]) -> None:
-        """Show an elastic cluster that ``trial_id`` waits for ``resources``."""
+    def demand(self, trial_id: str, resources: dict[str, float],
+               bundles: list[dict[str, float]] | None = None, strategy: str = "PACK") -> None:
+        """Show an elastic cluster that ``trial_id`` waits for ``resources`` (its head);
+        with ``bundles``, for its gang too (by ``strategy``, as :meth:`place_gang`
+        places it; a running trial's head where it runs): the cluster is to grow by
+        the workers they lack. Called again while the trial waits; cheap, never blocks."""
 
     def withdraw(self, trial_id: str) -> None:
-        """``trial_id`` waits no more (idempotent)."""
+        """``trial_id`` waits no more, nor does its gang (idempotent)."""
 
     def can_ever_fit_gang(self, bundles: list[dict[str, float]], strategy: str = "PACK",
                           head: dict[str, float] | None = None) -> str | None:

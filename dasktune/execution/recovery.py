@@ -41,7 +41,9 @@ logged as errors with tracebacks). :class:`EvacuatePlugin` drops such a status c
 
 A worker inside a batch job retires itself before the job's time limit
 (:class:`~dasktune.cluster.walltime.WalltimePlugin`, installed by :func:`register`
-with the others), which is the graceful path above.
+with the others), which is the graceful path above. :func:`register` also installs
+:class:`~dasktune.execution.gang_demand.GangDemandPlugin`, through which an elastic
+cluster grows for the gangs that wait.
 
 A trial whose driver is gone must not run on: its thread cannot be killed, and it
 would go on committing checkpoints into the folder a restored driver's new attempt
@@ -70,6 +72,8 @@ from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 from dasktune import _dask_config
 from dasktune.cluster.walltime import PLUGIN_NAME as WALLTIME_PLUGIN_NAME
 from dasktune.cluster.walltime import TARGET_PLUGIN_NAME, WalltimePlugin, WalltimeTargetPlugin
+from dasktune.execution.gang_demand import PLUGIN_NAME as GANG_DEMAND_PLUGIN_NAME
+from dasktune.execution.gang_demand import GangDemandPlugin
 
 if TYPE_CHECKING:
     from distributed import Scheduler, Worker
@@ -266,4 +270,10 @@ def register(client: Any) -> bool:
         logger.warning(
             "could not register the dasktune walltime plugin on the workers (%r); workers "
             "in batch jobs lose their trials at the job's time limit.", exc)
+    try:
+        client.register_plugin(GangDemandPlugin(), name=GANG_DEMAND_PLUGIN_NAME)
+    except Exception as exc:  # noqa: BLE001 - gangs then show only their trials' demand
+        logger.warning(
+            "could not register the dasktune gang-demand plugin on the scheduler (%r); an "
+            "adaptive cluster does not grow for the workers a trial's gang needs.", exc)
     return True

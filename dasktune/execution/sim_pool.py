@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dasktune.execution.gang_placement import place_group
+from dasktune.execution.gang_placement import place_group, shortfall
 
 __all__ = ["SimPool", "SimWorker"]
 
@@ -128,6 +128,19 @@ class SimPool:
         """A worker per bundle that can hold it now, all or none."""
         free = self._free_map()
         return place_group(bundles, strategy, free, self._hosts(free), head, head_worker, None)
+
+    def gang_shortfall(self, bundles: list[dict[str, float]], strategy: str = "PACK",
+                       head: dict[str, float] | None = None,
+                       head_worker: str | None = None) -> tuple[int, list[str]]:
+        """How many more workers the gang lacks now, and which of these it would use
+        (the Dask ledger's rule: a new worker like the largest, holding any bundle)."""
+        free = self._free_map()
+        fresh: dict[str, float] = {}
+        for amounts in [*(w.capacity for w in self.workers.values()), *bundles, head or {}]:
+            for k, v in amounts.items():
+                fresh[k] = max(fresh.get(k, 0.0), float(v))
+        return shortfall(bundles, strategy, free, self._hosts(free), head, head_worker,
+                         None, fresh)
 
     def count(self, addr: str, resources: dict[str, float], sign: float = 1.0) -> None:
         """Count ``resources`` as used on ``addr`` (``sign=-1``: free again), without

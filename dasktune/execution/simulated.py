@@ -120,6 +120,8 @@ class SimulatedExecutor:
         self._gangs: dict[str, tuple[str, WorkerGang]] = {}  # gang id -> (trial, gang)
         self.num_started = 0
         self.num_reports = 0
+        #: Trial id -> the workers an elastic cluster would be asked for (:meth:`demand`).
+        self.demanded: dict[str, int] = {}
         for i in range(n_workers):
             self.add_worker(f"sim://worker-{i:04d}", {"CPU": float(slots_per_worker),
                                                       **self._extra})
@@ -271,12 +273,19 @@ class SimulatedExecutor:
         self._pool.free(run.worker, trial_id, run.resources)
 
     # A simulated cluster has a fixed size (add_worker is the test's to call): there is
-    # no scheduler to show waiting trials to.
-    def demand(self, trial_id: str, resources: dict[str, float]) -> None:
-        pass
+    # no scheduler to show waiting trials to; ``demanded`` keeps what one would be shown.
+    def demand(self, trial_id: str, resources: dict[str, float],
+               bundles: list[dict[str, float]] | None = None, strategy: str = "PACK") -> None:
+        """Note the workers ``trial_id`` (and its gang) lack now in :attr:`demanded`."""
+        if bundles:
+            run = self._runs.get(trial_id)
+            self.demanded[trial_id] = self._pool.gang_shortfall(
+                bundles, strategy, resources, run.worker if run is not None else None)[0]
+        elif trial_id not in self._runs:
+            self.demanded[trial_id] = 0 if self._pool.place(resources) else 1
 
     def withdraw(self, trial_id: str) -> None:
-        pass
+        self.demanded.pop(trial_id, None)
 
     def queue_after(self, running_id: str, spec: TrialSpec) -> bool:
         return False

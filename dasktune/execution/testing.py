@@ -166,5 +166,11 @@ def _check_gangs(executor: Executor) -> None:
     assert gang.workers == workers and len(gang.hosts) == len(gang.devices) == len(workers)
     executor.release_gang(gang.gang_id)
     executor.release_gang(gang.gang_id)  # idempotent
+    # A gang bigger than the cluster shown as demand, again (it is recomputed), withdrawn
+    # twice: accepted by every executor, whether or not its cluster can grow.
+    executor.demand("conf-gang", {"CPU": 0.0}, [_ONE_CPU] * (n + 1), "SPREAD")
+    executor.demand("conf-gang", {"CPU": 0.0}, [_ONE_CPU] * (n + 1), "SPREAD")
+    executor.withdraw("conf-gang")
+    executor.withdraw("conf-gang")
     assert executor.place_gang([_ONE_CPU] * len(workers)) is not None, \
         "release_gang must free the gang's slots"
