@@ -128,3 +128,34 @@ def test_larger_bundles_are_placed_first():
 def test_unknown_strategy_is_an_error():
     with pytest.raises(ValueError, match="STRICT_SPREAD"):
         two_hosts().place_gang([ONE], "SIDEWAYS")
+
+
+# ---------------------------------------------------------------- what a cluster lacks
+HEAD0 = {"CPU": 0.0}
+
+
+def test_the_shortfall_counts_the_new_workers_a_gang_lacks():
+    # No workers: a new one holds a rank and the {"CPU": 0} head; the other rank another.
+    assert ledger({}).gang_shortfall([ONE, ONE], "PACK", HEAD0) == (2, [])
+    # A 1-CPU head needs a worker of its own beside the ranks.
+    assert ledger({}).gang_shortfall([ONE, ONE], "PACK", ONE) == (3, [])
+    one = ledger({"tcp://a:1": ("a", ONE)})
+    assert one.gang_shortfall([ONE, ONE], "PACK", HEAD0) == (1, ["tcp://a:1"])
+    # Busy workers count for nothing; it fits now: nothing lacks.
+    one.take("tcp://a:1", "t", ONE)
+    assert one.gang_shortfall([ONE, ONE], "PACK", HEAD0) == (2, [])
+    assert two_hosts().gang_shortfall([ONE, ONE], "PACK", HEAD0)[0] == 0
+
+
+def test_the_shortfall_follows_the_strategy_and_the_running_head():
+    # Two hosts, five workers: STRICT_SPREAD over three hosts lacks one (a new host).
+    lacks, keep = two_hosts().gang_shortfall([ONE] * 3, "STRICT_SPREAD")
+    assert lacks == 1 and sorted({a.split(":")[1] for a in keep}) == ["//a", "//b"]
+    # A running trial's head stays where it runs (its slot lent back while it waits).
+    one = ledger({"tcp://a:1": ("a", ONE)})
+    assert one.gang_shortfall([ONE, ONE], "PACK", ONE, head_worker="tcp://a:1") == \
+        (2, ["tcp://a:1"])
+    # Bundles like no worker here: a new worker is taken to hold one (GPU=1 each); the
+    # {"CPU": 0} head goes where single-trial placement puts it, the worker here.
+    gpu = {"CPU": 1.0, "GPU": 1.0}
+    assert one.gang_shortfall([gpu, gpu], "PACK", HEAD0) == (2, ["tcp://a:1"])

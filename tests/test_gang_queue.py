@@ -74,6 +74,24 @@ def test_withdrawn_requests_and_ended_attempts_leave_the_queue():
     assert queue.waiting == 0
 
 
+def test_on_an_elastic_cluster_the_first_waiting_gang_is_shown_as_demand():
+    executor = Recording(2)
+    queue = GangQueue(executor, can_scale=True)
+    big, small = waiting_trial("big"), waiting_trial("small")
+    queue.want(big, GangRequest("r1", [ONE] * 3))  # more than the workers here
+    queue.want(small, GangRequest("r2", [ONE]))
+    assert queue.grant_waiting() is True
+    # Not refused: the cluster may grow by the one worker it lacks; the later request
+    # waits its turn and shows nothing.
+    assert executor.refused == [] and executor.demanded == {"big": 1}
+    executor.add_worker("sim://worker-0002", ONE)
+    # Granted (its demand withdrawn); now the next one waits, and is shown.
+    assert queue.grant_waiting() is True
+    assert executor.granted == [("big", "r1")] and executor.demanded == {"small": 1}
+    queue.withdraw("small", "r2")  # its request timed out: its demand goes with it
+    assert queue.waiting == 0 and executor.demanded == {}
+
+
 def test_scaling_configs_split_into_the_trials_own_bundle_and_its_gang():
     class Scaling:
         def as_placement_group_factory(self):
