@@ -10,7 +10,9 @@ scheduler's loop every ``distributed.adaptive.interval``, with ``dasktune worker
 subprocesses as its workers. A worker is known by its PID (a worker started with a
 custom ``worker_command`` has no name we chose; ``WorkerState.pid`` is what it reports).
 
-The target is Dask's own :meth:`~distributed.Scheduler.adaptive_target`, raised to cover
+The target is the scheduler's ``adaptive_target`` handler (Dask's own
+:meth:`~distributed.Scheduler.adaptive_target` with dasktune's plugins' additions: walltime
+replacements, waiting gangs; :mod:`dasktune.cluster.adaptive_target`), raised to cover
 dasktune's trials, which Dask does not see as work: a trial actor occupies its worker
 after its creation task finished, and a waiting trial is only a placeholder task
 (``dasktune-demand-*``, see :meth:`dasktune.execution.dask_executor.DaskExecutor.demand`) that may
