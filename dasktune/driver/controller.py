@@ -11,7 +11,7 @@ Reports carry the attempt that made them; one from an attempt that is not the tr
 current one (a zombie after a partition, or a stopped attempt's tail) is dropped. After
 a restart, iterations already logged are not logged again.
 
-Over ~400 lines (about 480) because the pass itself stays in one place: choosing and
+Over ~400 lines (about 490) because the pass itself stays in one place: choosing and
 starting trials, with their gang reservations (:mod:`.gang_queue` decides which request
 goes first, but starting a trial and its gang must be one step of the loop), and winding
 down; what each event does to a trial is :mod:`.trial_events`'.

@@ -71,6 +71,7 @@ class GangQueue:
         self.executor = executor
         self.shape = shape
         self.can_scale = can_scale
+        self._told: set[str] = set()  # requests said to wait for the cluster to grow
         self._waiting: list[tuple[Trial, GangRequest]] = []
 
     @property
@@ -108,6 +109,10 @@ class GangQueue:
                     trial.trial_id, request.request_id,
                     f"trial {trial.trial_id}'s workers can never be placed: {why}")
                 continue
+            if why is not None and request.request_id not in self._told:
+                self._told.add(request.request_id)
+                logger.info("trial %s's workers cannot be placed on the workers here (%s); "
+                            "it waits for the cluster to grow", trial.trial_id, why)
             head_worker = trial.placements[-1].worker if trial.placements else None
             group = self.executor.place_gang(request.bundles, request.strategy,
                                              head=trial.resources, head_worker=head_worker)

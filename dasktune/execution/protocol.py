@@ -167,7 +167,8 @@ class Executor(Protocol):
         """Show an elastic cluster that ``trial_id`` waits for ``resources`` (its head);
         with ``bundles``, for its gang too (by ``strategy``, as :meth:`place_gang`
         places it; a running trial's head where it runs): the cluster is to grow by
-        the workers they lack. Called again while the trial waits; cheap, never blocks."""
+        the workers they lack. Called again while the trial waits (the cluster changes);
+        returns without waiting for the cluster."""
 
     def withdraw(self, trial_id: str) -> None:
         """``trial_id`` waits no more, nor does its gang (idempotent)."""
