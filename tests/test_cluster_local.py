@@ -203,6 +203,36 @@ def test_status_lists_running_then_finished_experiments(env, tmp_path):
 ADAPTIVE_TUNER = TUNER.replace('grid_search([1, 2])', 'grid_search([1, 2, 3])').replace(
     'name="status_exp"', 'name="grow_exp"')
 
+# One trial whose gang is three single-CPU ranks (its own slot {"CPU": 0}, Ray's default):
+# the pool must grow to three workers for it, holding them until the test's go file.
+GANG_TUNER = textwrap.dedent("""
+    import argparse, os, time
+    from distributed import Client
+    import dasktune as tune
+    from dasktune.session import reserve_workers
+    from dasktune.train import ScalingConfig
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--storage", required=True)
+    p.add_argument("--go", required=True)
+    p.add_argument("--address", required=True)
+    args = p.parse_args()
+
+    def train(config):
+        gang = reserve_workers([{"CPU": 1}] * 3)  # reserved with the trial's start
+        tune.report({"ranks": len(set(gang.workers))})
+        while not os.path.exists(args.go):
+            time.sleep(0.05)
+
+    with Client(args.address):
+        results = tune.Tuner(
+            tune.with_resources(train, ScalingConfig(num_workers=3)),
+            run_config=tune.RunConfig(name="gang_exp", storage_path=args.storage,
+                                      verbose=0),
+        ).fit()
+    print("experiment done, errors:", len(results.errors), flush=True)
+""")
+
 
 def _pool_pids(env, name):
     path = os.path.join(env["XDG_CONFIG_HOME"], "dasktune", "clusters", name,
@@ -302,6 +332,15 @@ def test_adaptive_cluster_grows_for_waiting_trials(env, tmp_path):
     _grow_then_shrink(env, tmp_path, "trials", ADAPTIVE_TUNER, ["--storage", str(storage)],
                       "grow_exp running trials: RUNNING=3",
                       "grow_exp finished trials: TERMINATED=3")
+
+
+def test_adaptive_cluster_grows_for_a_trials_gang(env, tmp_path):
+    """A trial whose gang needs three worker processes, on a 1-worker cluster: the
+    gang's demand grows it to 3 (a placeholder for the trial alone would not)."""
+    storage = tmp_path / "results"
+    _grow_then_shrink(env, tmp_path, "gangs", GANG_TUNER, ["--storage", str(storage)],
+                      "gang_exp running trials: RUNNING=1",
+                      "gang_exp finished trials: TERMINATED=1")
 
 
 def test_min_workers_above_max_is_one_clear_error(env, tmp_path):
