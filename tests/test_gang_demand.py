@@ -116,6 +116,36 @@ def test_a_running_trials_gang_request_grows_the_cluster(adaptive, tmp_path):
     assert adaptive.most >= 2
 
 
+def ddp_loop(config: dict[str, Any]) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from dasktune import train
+
+    total = torch.tensor([float(train.get_context().get_world_rank() + 1)])
+    dist.all_reduce(total)  # 1 + 2 on two ranks
+    train.report({"sum": total.item()})
+
+
+def torch_driver(config: dict[str, Any]) -> None:
+    """A Tune trainable that runs a 2-worker TorchTrainer (gloo) and reports to its trial."""
+    from dasktune import train
+    from dasktune.integration.ray_train import TuneReportCallback
+    from dasktune.train.torch import TorchTrainer
+
+    TorchTrainer(ddp_loop, scaling_config=ScalingConfig(num_workers=2),
+                 run_config=train.RunConfig(callbacks=[TuneReportCallback()])).fit()
+
+
+@pytest.mark.slow
+def test_a_torch_trainer_trial_grows_the_cluster(adaptive, tmp_path):
+    pytest.importorskip("torch")
+    grid = _fit(tmp_path, tune.with_resources(torch_driver, ScalingConfig(num_workers=2)), 1)
+    assert not grid.errors, grid.errors
+    assert [r.metrics.get("sum") for r in grid] == [3.0]
+    assert adaptive.most >= 2
+
+
 # ---------------------------------------------------------------- in-process scheduler
 @pytest.fixture
 def in_process() -> Iterator[tuple[Any, Client]]:
