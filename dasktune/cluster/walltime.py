@@ -216,9 +216,10 @@ class WalltimeTargetPlugin(SchedulerPlugin):
 
     Each worker that announced its retirement within ``replace-ahead`` (on
     :data:`ENDING_TOPIC`) adds one worker to the scheduler's ``adaptive_target`` until it
-    leaves (chained with the other plugins' additions, :mod:`dasktune.cluster.adaptive_target`), so an adaptive cluster below its maximum submits the replacement job while the
-    old one still runs. Workers hosting trial actors are never picked for downscaling
-    (Dask sees no task running there).
+    leaves (with the other plugins' additions: :mod:`dasktune.cluster.adaptive_target`),
+    so an adaptive cluster below its maximum submits the replacement job while the old
+    one still runs. Workers hosting trial actors are never picked for downscaling (Dask
+    sees no task running there).
     """
 
     idempotent = True

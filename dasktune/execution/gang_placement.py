@@ -16,7 +16,7 @@ worker left -- which is exact for the usual gang of equal bundles.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 __all__ = ["STRATEGIES", "assign", "check_strategy", "fits_free", "most_free", "place_group",
            "shortfall"]
@@ -178,14 +178,21 @@ def shortfall(bundles: Sequence[Mapping[str, float]], strategy: str,
               free: Mapping[str, Mapping[str, float]], hosts: Mapping[str, str],
               head: Mapping[str, float] | None, head_worker: str | None,
               fits: Callable[[str, Mapping[str, float]], bool] | None,
-              fresh: Mapping[str, float]) -> tuple[int, list[str]]:
-    """How many workers like ``fresh`` the group lacks beyond ``free``, and which of
-    ``free`` it would use then: ``(0, [...])`` if it fits now, ``(0, [])`` if no number
-    of such workers would do (they are never the host of ``head_worker``; under
-    ``STRICT_PACK`` all on one new host, else each on its own).
+              capacities: Iterable[Mapping[str, float]]) -> tuple[int, list[str]]:
+    """How many new workers the group lacks beyond ``free``, and which of ``free`` it
+    would use then: ``(0, [...])`` if it fits now, ``(0, [])`` if no number of new
+    workers would do (they are never the host of ``head_worker``; under ``STRICT_PACK``
+    all on one new host, else each on its own).
 
-    The same rule as :func:`place_group`, over the workers that are here and ``k`` new
-    ones, for the least ``k``: what an elastic cluster must add for the group."""
+    A new worker is taken to be like the largest of ``capacities`` (the workers' whole
+    resources) and to hold any one bundle, and the head: an elastic cluster adds workers
+    of the kind it has, and a gang's bundles need a worker each anyway. The same rule as
+    :func:`place_group`, over the workers here and ``k`` new ones, for the least ``k``:
+    what an elastic cluster must add for the group."""
+    fresh: dict[str, float] = {}
+    for amounts in [*capacities, *bundles, head or {}]:
+        for key, v in amounts.items():
+            fresh[key] = max(fresh.get(key, 0.0), float(v))
     for k in range(len(bundles) + 2):
         new = [f"\0new-{i}" for i in range(k)]  # no address looks like this
         more = {**free, **{a: dict(fresh) for a in new}}

@@ -130,17 +130,13 @@ class ResourceLedger:
                        head: Mapping[str, float] | None = None,
                        head_worker: str | None = None) -> tuple[int, list[str]]:
         """How many more workers the group of :meth:`place_gang` lacks now, and which of
-        the workers here it would use (:func:`.gang_placement.shortfall`). A new worker is
-        taken to be like the largest here, and to hold any one of the bundles and head."""
+        the workers here it would use (:func:`.gang_placement.shortfall`: a new worker is
+        taken to be like the largest here)."""
         eligible = self._eligible()
         free = {addr: self.free(addr) for addr in eligible}
         hosts = {addr: str(self.workers().get(addr, {}).get("host", addr)) for addr in eligible}
-        fresh: dict[str, float] = {}
-        for amounts in [*self.capacities().values(), *bundles, head or {}]:
-            for k, v in amounts.items():
-                fresh[k] = max(fresh.get(k, 0.0), float(v))
         return shortfall(bundles, strategy, free, hosts, head, head_worker, self._gpus_fit,
-                         fresh)
+                         self.capacities().values())
 
     def can_ever_fit_gang(self, bundles: Sequence[Mapping[str, float]], strategy: str = "PACK",
                           head: Mapping[str, float] | None = None) -> str | None:

@@ -133,14 +133,10 @@ class SimPool:
                        head: dict[str, float] | None = None,
                        head_worker: str | None = None) -> tuple[int, list[str]]:
         """How many more workers the gang lacks now, and which of these it would use
-        (the Dask ledger's rule: a new worker like the largest, holding any bundle)."""
+        (:func:`.gang_placement.shortfall`, as the Dask executor's ledger)."""
         free = self._free_map()
-        fresh: dict[str, float] = {}
-        for amounts in [*(w.capacity for w in self.workers.values()), *bundles, head or {}]:
-            for k, v in amounts.items():
-                fresh[k] = max(fresh.get(k, 0.0), float(v))
         return shortfall(bundles, strategy, free, self._hosts(free), head, head_worker,
-                         None, fresh)
+                         None, [w.capacity for w in self.workers.values()])
 
     def count(self, addr: str, resources: dict[str, float], sign: float = 1.0) -> None:
         """Count ``resources`` as used on ``addr`` (``sign=-1``: free again), without
