@@ -1,5 +1,6 @@
 """When a worker retires ahead of its ends (a batch job's time limit, its ``--lifetime``):
-the rule of :func:`dasktune.cluster.walltime.retire_time`, and the lifetime it reads from a
+the rule of :func:`dasktune.cluster.walltime.retire_time`, its warning where a short lifetime
+caps the margin, and the lifetime it reads from a
 real distributed ``Worker``. The moves themselves run on real processes in
 ``tests/test_faults_workers.py`` (a lifetime) and ``tests/test_slurm.py`` (a job)."""
 
@@ -77,3 +78,24 @@ def test_lifetime_of_a_real_worker():
     start, seconds = got
     assert start == psutil.Process().create_time()
     assert seconds == pytest.approx(3600.0, abs=10.0)
+
+
+def test_a_capped_margin_is_said_once_naming_both(caplog):
+    """A lifetime under four margins: the worker's log says so, with both settings."""
+    from distributed import Scheduler, Worker
+
+    from dasktune.cluster.walltime import WalltimePlugin
+
+    async def run() -> None:
+        async with Scheduler(dashboard_address=":0", host="127.0.0.1") as s:
+            for margin in (1000.0, 60.0):  # a quarter of an hour is 900 s
+                async with Worker(s.address, lifetime="1h", lifetime_stagger="0s") as w:
+                    plugin = WalltimePlugin(margin=margin)
+                    plugin.setup(w)
+                    plugin.teardown(w)
+
+    with caplog.at_level("WARNING", logger="dasktune.cluster.walltime"):
+        asyncio.run(asyncio.wait_for(run(), 60))
+    said = [r.getMessage() for r in caplog.records if "lifetime (3600s)" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "dasktune.cluster.walltime.margin (1000s)" in said[0] and "900s before" in said[0]

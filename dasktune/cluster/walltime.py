@@ -19,9 +19,11 @@ timer, with the ``stagger`` already drawn into ``Worker.lifetime``); the plugin 
 from the worker process's start, a moment earlier, so it is never late. The lead before a
 lifetime's end is the margin, capped at a quarter of the lifetime
 (:func:`retire_time`): a worker always serves three quarters of the lifetime it was given,
-however short. Once retiring, Dask's own close at the lifetime waits for that retirement
-(``Worker.close_gracefully`` on a closing worker), so a trial whose next checkpoint comes
-later still moves there, the worker outliving its lifetime until then. Left to Dask: a
+however short, and says so once (a warning naming both) where the cap shortens the margin.
+Dask refuses a retirement while a trial's actor is there and the worker runs on until the
+trial moved, so a trial still there at the lifetime meets Dask's own close, which gives it
+``dasktune.executor.evacuate-timeout`` more: a function trainable loses nothing when it
+reports a checkpoint within the lead plus that timeout. Left to Dask: a
 ``--lifetime-restart`` worker (the nanny restarts it in place, which a retirement would
 not), and a Worker built in a process older than its lifetime (an in-process cluster: its
 start cannot be told).
@@ -230,6 +232,14 @@ class WalltimePlugin(WorkerPlugin):
 
     def setup(self, worker: Any = None, **kwargs: Any) -> None:
         job, lifetime = batch_job(), worker_lifetime(worker)
+        if lifetime is not None and lifetime[1] * (1.0 - LIFETIME_SERVED) < self.margin:
+            lead = lifetime[1] * (1.0 - LIFETIME_SERVED)
+            logger.warning(
+                "%s: its lifetime (%.0fs) is under 4 x dasktune.cluster.walltime.margin "
+                "(%.0fs): it retires %.0fs before the lifetime's end, not the margin; a "
+                "function trainable there moves without loss if it checkpoints within that "
+                "plus dasktune.executor.evacuate-timeout", getattr(worker, "address", "worker"),
+                lifetime[1], self.margin, lead)
         if job is not None or lifetime is not None:
             self._task = asyncio.ensure_future(self._watch(worker, job, lifetime))
 
