@@ -1,7 +1,6 @@
 """When a worker retires ahead of its ends (a batch job's time limit, its ``--lifetime``):
 the rule of :func:`dasktune.cluster.walltime.retire_time`, its warning where a short lifetime
-caps the margin, and the lifetime it reads from a
-real distributed ``Worker``. The moves themselves run on real processes in
+caps the margin, and the lifetime it reads from a real distributed ``Worker``. The moves themselves run on real processes in
 ``tests/test_faults_workers.py`` (a lifetime) and ``tests/test_slurm.py`` (a job)."""
 
 from __future__ import annotations
