@@ -13,20 +13,19 @@ failure.
 
 A worker's own ``--lifetime`` (``distributed.worker.lifetime.duration``, batch job or not)
 is an end too: Dask closes the worker then and a function trainable gets only
-``dasktune.executor.evacuate-timeout`` to reach a checkpoint, so the worker retires the same
-way before it. The lifetime runs from the Worker's construction (where distributed starts its
-timer, with the ``stagger`` already drawn into ``Worker.lifetime``); the plugin counts it
-from the worker process's start, a moment earlier, so it is never late. The lead before a
-lifetime's end is the margin, capped at a quarter of the lifetime
-(:func:`retire_time`): a worker always serves three quarters of the lifetime it was given,
-however short, and says so once (a warning naming both) where the cap shortens the margin.
-Dask refuses a retirement while a trial's actor is there and the worker runs on until the
-trial moved, so a trial still there at the lifetime meets Dask's own close, which gives it
-``dasktune.executor.evacuate-timeout`` more: a function trainable loses nothing when it
-reports a checkpoint within the lead plus that timeout. Left to Dask: a
-``--lifetime-restart`` worker (the nanny restarts it in place, which a retirement would
-not), and a Worker built in a process older than its lifetime (an in-process cluster: its
-start cannot be told).
+``dasktune.executor.evacuate-timeout`` to reach a checkpoint, so the worker retires the
+same way before it. The lifetime runs from the Worker's construction (where distributed
+starts its timer, the ``stagger`` drawn into ``Worker.lifetime``); the plugin counts it from
+the worker process's start, a moment earlier, so it is never late. The lead before a
+lifetime's end is the margin capped at a quarter of the lifetime (:func:`retire_time`): a
+worker always serves three quarters of its lifetime, however short, and says so once (a
+warning naming both) where the cap shortens the margin. Dask refuses a retirement while a
+trial's actor is there and the worker runs on until the trial moved, so a trial still there
+at the lifetime meets Dask's own close, which gives it ``dasktune.executor.evacuate-timeout``
+more: a function trainable loses nothing when it reports a checkpoint within the lead plus
+that timeout. Left to Dask: a ``--lifetime-restart`` worker (the nanny restarts it in
+place, which a retirement would not), and a Worker built in a process older than its
+lifetime (an in-process cluster: its start cannot be told).
 
 :func:`dasktune.execution.recovery.register` installs :class:`WalltimePlugin` on every cluster a
 driver uses (a worker with neither a batch job nor a lifetime has nothing to watch), and
