@@ -12,7 +12,12 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
-from dasktune.cluster.walltime import LIFETIME_SERVED, retire_time, worker_lifetime
+from dasktune.cluster.walltime import (
+    LIFETIME_SERVED,
+    lifetime_lead,
+    retire_time,
+    worker_lifetime,
+)
 
 
 def test_job_end_alone_retires_a_margin_before_it():
@@ -34,6 +39,7 @@ def test_a_short_lifetime_is_served_three_quarters_at_least():
     assert retire_time(60.0, lifetime=(0.0, 12.0)) == 9.0
     # the cap meets the margin at four margins' lifetime
     assert retire_time(20.0, lifetime=(0.0, 80.0)) == 60.0
+    assert lifetime_lead(20.0, 30.0) == 7.5 and lifetime_lead(20.0, 3600.0) == 20.0
 
 
 def test_the_earlier_end_wins():

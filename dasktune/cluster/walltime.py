@@ -57,7 +57,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["LIFETIME_SERVED", "PLUGIN_NAME", "TARGET_PLUGIN_NAME", "WalltimePlugin",
            "WalltimeTargetPlugin", "batch_job", "job_end_time", "parse_duration",
-           "retire_time", "worker_lifetime"]
+           "lifetime_lead", "retire_time", "worker_lifetime"]
 
 PLUGIN_NAME = "dasktune-walltime"
 TARGET_PLUGIN_NAME = "dasktune-walltime-target"
@@ -187,8 +187,14 @@ def retire_time(margin: float, job_end: float | None = None,
     times = [] if job_end is None else [job_end - margin]
     if lifetime is not None:
         start, seconds = lifetime
-        times.append(start + seconds - min(margin, (1.0 - LIFETIME_SERVED) * seconds))
+        times.append(start + seconds - lifetime_lead(margin, seconds))
     return min(times, default=None)
+
+
+def lifetime_lead(margin: float, seconds: float) -> float:
+    """How long before the end of a ``seconds`` lifetime its worker retires: ``margin``,
+    at most the share of the lifetime beyond :data:`LIFETIME_SERVED`."""
+    return min(margin, (1.0 - LIFETIME_SERVED) * seconds)
 
 
 def worker_lifetime(worker: Any, now: float | None = None) -> tuple[float, float] | None:
@@ -231,14 +237,15 @@ class WalltimePlugin(WorkerPlugin):
 
     def setup(self, worker: Any = None, **kwargs: Any) -> None:
         job, lifetime = batch_job(), worker_lifetime(worker)
-        if lifetime is not None and lifetime[1] * (1.0 - LIFETIME_SERVED) < self.margin:
-            lead = lifetime[1] * (1.0 - LIFETIME_SERVED)
+        lead = None if lifetime is None else lifetime_lead(self.margin, lifetime[1])
+        if lifetime is not None and lead is not None and lead < self.margin:
             logger.warning(
-                "%s: its lifetime (%.0fs) is under 4 x dasktune.cluster.walltime.margin "
-                "(%.0fs): it retires %.0fs before the lifetime's end, not the margin; a "
-                "function trainable there moves without loss if it checkpoints within that "
-                "plus dasktune.executor.evacuate-timeout", getattr(worker, "address", "worker"),
-                lifetime[1], self.margin, lead)
+                "%s: its lifetime (%.0fs) is short for dasktune.cluster.walltime.margin "
+                "(%.0fs): it retires %.0fs before the lifetime's end (it serves %.0f%% of "
+                "it), not the margin; a function trainable there moves without loss if it "
+                "checkpoints within that plus dasktune.executor.evacuate-timeout",
+                getattr(worker, "address", "worker"), lifetime[1], self.margin, lead,
+                100 * LIFETIME_SERVED)
         if job is not None or lifetime is not None:
             self._task = asyncio.ensure_future(self._watch(worker, job, lifetime))
 
