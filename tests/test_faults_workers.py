@@ -562,15 +562,18 @@ def test_retired_worker_with_only_an_idle_actor_leaves(cluster, tmp_path):
 
 
 def test_worker_at_its_lifetime_moves_its_trial_quietly(cluster, tmp_path):
-    """``dask worker --lifetime`` (dask-jobqueue's walltime recipe) closes a worker that
-    holds a trial: the trial moves (a class trainable checkpoints on demand, nothing run
-    twice, no failure) and the worker says nothing worse than Dask says without dasktune.
+    """A worker that Dask itself closes at its ``--lifetime`` while it holds a trial (with
+    ``--lifetime-restart``, which dasktune's walltime plugin leaves to Dask; without it the
+    plugin retires the worker first, the next test): the trial moves (a class trainable
+    checkpoints on demand, nothing run twice, no failure) and the worker says nothing worse
+    than Dask says without dasktune.
 
     Dask refuses the worker's own retirement (it holds an actor) and sends its old status
     back; landing after the close began, that ran the close twice, the second time on a
     closed connection pool (``ConnectionPool is closed``, with two tracebacks)."""
     procs = cluster(0, nanny=True)
-    first = procs.add_worker("--lifetime", "12s", "--lifetime-stagger", "0s")
+    first = procs.add_worker("--lifetime", "12s", "--lifetime-stagger", "0s",
+                             "--lifetime-restart")
     procs.wait_workers(1)
     moved = str(tmp_path / "moved")  # a file, not an Event: the experiment is saved
     exp = tmp_path / "results" / "lifetime"
@@ -584,8 +587,15 @@ def test_worker_at_its_lifetime_moves_its_trial_quietly(cluster, tmp_path):
     import psutil
 
     assert psutil.Process(live_attempt(d)["pid"]).ppid() == first.pid  # on the nanny's child
+    log_path = os.path.join(procs.logdir, "worker-0.log")
     procs.add_worker()  # where the trial moves to
-    wait_for(lambda: first.poll() is not None, timeout=60, what="the worker's lifetime end")
+
+    def worker_log() -> str:
+        with open(log_path, errors="replace") as f:
+            return f.read()
+
+    wait_for(lambda: "worker-lifetime-reached" in worker_log(), timeout=60,
+             what="the worker's lifetime end")
     wait_for(lambda: executed_by(d, 2) >= 3, timeout=60, what="the moved trial running")
     open(moved, "w").close()
     results = join(thread, out)
@@ -596,14 +606,68 @@ def test_worker_at_its_lifetime_moves_its_trial_quietly(cluster, tmp_path):
     assert len(executed) == len(set(executed))  # none run twice (the last may be unlogged)
     assert set(executed) >= {r["training_iteration"] for r in rows}
     assert [a["attempt"] for a in read_jsonl(os.path.join(d, "attempts.jsonl"))] == [1, 2]
-    with open(os.path.join(procs.logdir, "worker-0.log"), errors="replace") as f:
-        log = f.read()
+    log = worker_log()
     assert "Closing worker gracefully" in log and "worker-lifetime-reached" in log
     errors = {line.split(" - ERROR - ", 1)[1] for line in log.splitlines()
               if " - ERROR - " in line}
     # Dask's nanny logs this at a lifetime end on its own (its stop queue closes under it).
     assert errors <= {"Worker process died unexpectedly"}, log
     assert "ConnectionPool is closed" not in log
+
+def test_worker_retires_before_its_lifetime_and_a_function_trial_loses_nothing(
+        cluster, tmp_path):
+    """A function trainable moves only at its next reported checkpoint: on a worker that
+    Dask closes at its ``--lifetime`` it gets ``executor.evacuate-timeout`` (1 s here) to
+    reach one and loses the iterations since its last. dasktune's walltime plugin retires
+    the worker before its lifetime instead (``cluster.walltime.margin``, 8 s here, a
+    quarter of the lifetime at most), on a plain ``dask worker`` outside any batch job: the
+    trial moves at its next checkpoint (every 4 s), the worker is gone before its lifetime
+    ends, and every iteration runs once."""
+    import dask
+    import psutil
+
+    lifetime = 40.0
+    procs = cluster(0, nanny=True)
+    first = procs.add_worker("--lifetime", f"{lifetime:.0f}s", "--lifetime-stagger", "0s",
+                             env={"DASK_DASKTUNE__EXECUTOR__EVACUATE_TIMEOUT": "1s"})
+    procs.wait_workers(1)
+    moved = str(tmp_path / "moved")
+    exp = tmp_path / "results" / "lifetime"
+    tuner = tune.Tuner(
+        checkpointed, param_space={"iters": 10_000, "sleep": 0.5, "k": 8},
+        run_config=tune.RunConfig(name="lifetime", storage_path=str(tmp_path / "results"),
+                                  verbose=0, stop=lambda _tid, _result: os.path.exists(moved)))
+    with dask.config.set({"dasktune.cluster.walltime.margin": "8s"}):  # read by the driver
+        thread, out = run_in_thread(tuner.fit)
+        d = wait_for(lambda: (trial_dirs(str(exp)) or [None])[0], what="the trial folder")
+        wait_for(lambda: executed_by(d, 1) >= 1, timeout=60, what="the trial running")
+        child = psutil.Process(live_attempt(d)["pid"])
+        assert child.ppid() == first.pid  # on the nanny's child, whose lifetime runs
+        # Dask starts the lifetime when it builds the Worker, after its process started.
+        ends = child.create_time() + lifetime
+        procs.add_worker()  # where the trial moves to
+        wait_for(lambda: first.poll() is not None, timeout=lifetime + 30,
+                 what="the worker leaving")
+        gone = time.time()
+        wait_for(lambda: executed_by(d, 2) >= 3, timeout=60, what="the moved trial running")
+        open(moved, "w").close()
+        results = join(thread, out)
+    (trial,) = results._trials
+    assert trial.status == TERMINATED and trial.num_failures == 0
+    rows = assert_one_lineage(d, len(result_rows(d)))
+    executed = [r["it"] for r in read_jsonl(os.path.join(d, "executed.jsonl"))]
+    assert len(executed) == len(set(executed)), "iterations ran twice: lost at the move"
+    assert set(executed) >= {r["training_iteration"] for r in rows}
+    attempts = read_jsonl(os.path.join(d, "attempts.jsonl"))
+    assert [a["attempt"] for a in attempts] == [1, 2]
+    assert attempts[1]["restored"] == executed_by(d, 1)  # it left at its checkpoint
+    assert gone < ends, f"the worker left {gone - ends:.1f}s after its lifetime's end"
+    with open(os.path.join(procs.logdir, "worker-0.log"), errors="replace") as f:
+        log = f.read()
+    assert f"its lifetime ({lifetime:.0f}s) ends in" in log and "retiring gracefully" in log
+    errors = {line.split(" - ERROR - ", 1)[1] for line in log.splitlines()
+              if " - ERROR - " in line}
+    assert errors <= {"Worker process died unexpectedly"}, log
 
 # ------------------------------------- 6. a call cancelled under the driver, not by it
 def test_call_cancelled_under_the_driver_restarts_the_attempt(local_client, tmp_path,

@@ -1,4 +1,4 @@
-"""Moving a batch job's trials before the job's wall-clock limit ends it.
+"""Moving a worker's trials before its batch job's time limit or its ``--lifetime`` ends it.
 
 On an HPC batch system (Slurm, PBS, SGE, LSF) every worker lives inside a job with a time
 limit, and at the limit the batch system signals every process of the job at once: a
@@ -9,12 +9,29 @@ learns the job's end time from the batch system's own tool (``squeue``, ``qstat`
 be changed) and, ``dasktune.cluster.walltime.margin`` before it, retires itself through the
 scheduler: the same graceful path as a spot notice, so class Trainables checkpoint on
 demand and function trainables move at their next reported checkpoint, and the move is no
-failure. A ``--lifetime`` shorter than that still applies on its own.
+failure.
+
+A worker's own ``--lifetime`` (``distributed.worker.lifetime.duration``, batch job or not)
+is an end too: Dask closes the worker then and a function trainable gets only
+``dasktune.executor.evacuate-timeout`` to reach a checkpoint, so the worker retires the
+same way before it. The lifetime runs from the Worker's construction (where distributed
+starts its timer, the ``stagger`` drawn into ``Worker.lifetime``); the plugin counts it from
+the worker process's start, a moment earlier, so it is never late. The lead before a
+lifetime's end is the margin capped at a quarter of the lifetime (:func:`retire_time`): a
+worker always serves three quarters of its lifetime, however short, and says so once (a
+warning naming both) where the cap shortens the margin. Dask refuses a retirement while a
+trial's actor is there and the worker runs on until the trial moved, so a trial still there
+at the lifetime meets Dask's own close, which gives it ``dasktune.executor.evacuate-timeout``
+more: a function trainable loses nothing when it reports a checkpoint within the lead plus
+that timeout. Left to Dask: a ``--lifetime-restart`` worker (the nanny restarts it in
+place, which a retirement would not), and a Worker built in a process older than its
+lifetime (an in-process cluster: its start cannot be told).
 
 :func:`dasktune.execution.recovery.register` installs :class:`WalltimePlugin` on every cluster a
-driver uses (outside a batch job it does nothing), and :class:`WalltimeTargetPlugin` on its
-scheduler: ``replace-ahead`` before retiring, a worker announces it, and Dask's
-``Adaptive`` (``cluster.adapt()``) then asks for its replacement while the job still runs.
+driver uses (a worker with neither a batch job nor a lifetime has nothing to watch), and
+:class:`WalltimeTargetPlugin` on its scheduler: ``replace-ahead`` before retiring, a worker
+announces it, and Dask's ``Adaptive`` (``cluster.adapt()``) then asks for its replacement
+while the job still runs.
 """
 
 from __future__ import annotations
@@ -29,6 +46,7 @@ import subprocess
 import time
 from typing import Any
 
+import psutil
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 
 from dasktune import _dask_config
@@ -37,12 +55,15 @@ from dasktune.cluster.retire import retire_gracefully
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PLUGIN_NAME", "TARGET_PLUGIN_NAME", "WalltimePlugin", "WalltimeTargetPlugin",
-           "batch_job", "job_end_time", "parse_duration"]
+__all__ = ["LIFETIME_SERVED", "PLUGIN_NAME", "TARGET_PLUGIN_NAME", "WalltimePlugin",
+           "WalltimeTargetPlugin", "batch_job", "job_end_time", "parse_duration",
+           "lifetime_lead", "retire_time", "worker_lifetime"]
 
 PLUGIN_NAME = "dasktune-walltime"
 TARGET_PLUGIN_NAME = "dasktune-walltime-target"
 ENDING_TOPIC = "dasktune-walltime-ending"
+#: A worker retires no earlier than this share of its ``--lifetime`` after it started.
+LIFETIME_SERVED = 0.75
 
 
 def batch_job(env: dict[str, str] | None = None) -> tuple[str, str] | None:
@@ -158,8 +179,42 @@ def job_end_time(system: str, job_id: str, timeout: float = 10.0) -> float | Non
     return parse_lsf(out, now)
 
 
+def retire_time(margin: float, job_end: float | None = None,
+                lifetime: tuple[float, float] | None = None) -> float | None:
+    """When a worker retires (epoch seconds; None: no end known): ``margin`` before its
+    job's end, and before its lifetime's end (``lifetime`` = (start, seconds)) by the
+    margin capped at a quarter of the lifetime, whichever comes first."""
+    times = [] if job_end is None else [job_end - margin]
+    if lifetime is not None:
+        start, seconds = lifetime
+        times.append(start + seconds - lifetime_lead(margin, seconds))
+    return min(times, default=None)
+
+
+def lifetime_lead(margin: float, seconds: float) -> float:
+    """How long before the end of a ``seconds`` lifetime its worker retires: ``margin``,
+    at most the share of the lifetime beyond :data:`LIFETIME_SERVED`."""
+    return min(margin, (1.0 - LIFETIME_SERVED) * seconds)
+
+
+def worker_lifetime(worker: Any, now: float | None = None) -> tuple[float, float] | None:
+    """(start, seconds) of ``worker``'s ``--lifetime``, counted from its process's start;
+    None without one, with ``--lifetime-restart``, or when the process is older than the
+    lifetime (a Worker built later inside a longer-lived process: its start is unknown)."""
+    seconds = getattr(worker, "lifetime", None)
+    if not seconds or getattr(worker, "lifetime_restart", False):
+        return None
+    start = psutil.Process().create_time()
+    if start + seconds <= (time.time() if now is None else now):
+        logger.info("%s: this process is older than the worker's lifetime (%.0fs): leaving "
+                    "the lifetime to Dask", getattr(worker, "address", "worker"), seconds)
+        return None
+    return start, float(seconds)
+
+
 class WalltimePlugin(WorkerPlugin):
-    """Retire a worker ``margin`` seconds before its batch job's time limit.
+    """Retire a worker before its batch job's time limit or its ``--lifetime`` ends it
+    (:func:`retire_time`).
 
     ``margin`` and ``poll_interval`` are read from ``dasktune.cluster.walltime`` where the
     plugin is made (the driver) when not given.
@@ -181,23 +236,34 @@ class WalltimePlugin(WorkerPlugin):
         self._task: asyncio.Task[None] | None = None
 
     def setup(self, worker: Any = None, **kwargs: Any) -> None:
-        job = batch_job()
-        if job is not None:
-            self._task = asyncio.ensure_future(self._watch(worker, *job))
+        job, lifetime = batch_job(), worker_lifetime(worker)
+        lead = None if lifetime is None else lifetime_lead(self.margin, lifetime[1])
+        if lifetime is not None and lead is not None and lead < self.margin:
+            logger.warning(
+                "%s: its lifetime (%.0fs) is short for dasktune.cluster.walltime.margin "
+                "(%.0fs): it retires %.0fs before the lifetime's end (it serves %.0f%% of "
+                "it), not the margin; a function trainable there moves without loss if it "
+                "checkpoints within that plus dasktune.executor.evacuate-timeout",
+                getattr(worker, "address", "worker"), lifetime[1], self.margin, lead,
+                100 * LIFETIME_SERVED)
+        if job is not None or lifetime is not None:
+            self._task = asyncio.ensure_future(self._watch(worker, job, lifetime))
 
     def teardown(self, worker: Any = None, **kwargs: Any) -> None:
         if self._task is not None:
             self._task.cancel()
 
-    async def _watch(self, worker: Any, system: str, job_id: str) -> None:
+    async def _watch(self, worker: Any, job: tuple[str, str] | None,
+                     lifetime: tuple[float, float] | None) -> None:
         loop = asyncio.get_running_loop()
         announced = False
         while True:
-            end = await loop.run_in_executor(None, job_end_time, system, job_id)
-            if end is None:
+            end = None if job is None else await loop.run_in_executor(None, job_end_time, *job)
+            at = retire_time(self.margin, end, lifetime)
+            if at is None:  # a job whose end its batch system cannot tell (yet)
                 await asyncio.sleep(self.poll_interval)
                 continue
-            left = end - self.margin - time.time()
+            left = at - time.time()
             if left <= self.replace_ahead and not announced:
                 # An adaptive cluster asks for this worker's replacement from now on.
                 worker.log_event(ENDING_TOPIC, {"worker": worker.address})
@@ -206,9 +272,13 @@ class WalltimePlugin(WorkerPlugin):
                 break
             ahead = left - self.replace_ahead
             await asyncio.sleep(min(left if ahead <= 0 else ahead, self.poll_interval))
-        await retire_gracefully(
-            worker, f"{system} job {job_id} reaches its time limit in "
-            f"{max(0.0, end - time.time()):.0f}s")
+        now = time.time()
+        if job is not None and end is not None and end - self.margin <= at:
+            reason = f"{job[0]} job {job[1]} reaches its time limit in {max(0.0, end - now):.0f}s"
+        else:  # the lifetime's end came first
+            start, seconds = lifetime or (now, 0.0)
+            reason = f"its lifetime ({seconds:.0f}s) ends in {max(0.0, start + seconds - now):.0f}s"
+        await retire_gracefully(worker, reason)
 
 
 class WalltimeTargetPlugin(SchedulerPlugin):

@@ -39,10 +39,10 @@ its old status, and when that arrives after the worker began to close it would r
 it, so that the close ran twice and the second failed (``ConnectionPool is closed``,
 logged as errors with tracebacks). :class:`EvacuatePlugin` drops such a status change.
 
-A worker inside a batch job retires itself before the job's time limit
-(:class:`~dasktune.cluster.walltime.WalltimePlugin`, installed by :func:`register`
-with the others), which is the graceful path above. :func:`register` also installs
-:class:`~dasktune.execution.gang_demand.GangDemandPlugin`, through which an elastic
+A worker inside a batch job retires itself before the job's time limit, and any worker
+before its ``--lifetime`` (:class:`~dasktune.cluster.walltime.WalltimePlugin`, installed by
+:func:`register` with the others), which is the graceful path above. :func:`register` also
+installs :class:`~dasktune.execution.gang_demand.GangDemandPlugin`, through which an elastic
 cluster grows for the gangs that wait.
 
 A trial whose driver is gone must not run on: its thread cannot be killed, and it
@@ -269,7 +269,9 @@ def register(client: Any) -> bool:
     except Exception as exc:  # noqa: BLE001 - then --lifetime is the only warning
         logger.warning(
             "could not register the dasktune walltime plugin on the workers (%r); workers "
-            "in batch jobs lose their trials at the job's time limit.", exc)
+            "in batch jobs lose their trials at the job's time limit, and function "
+            "trainables the iterations since their last checkpoint at a worker's "
+            "--lifetime.", exc)
     try:
         client.register_plugin(GangDemandPlugin(), name=GANG_DEMAND_PLUGIN_NAME)
     except Exception as exc:  # noqa: BLE001 - gangs then show only their trials' demand
