@@ -40,7 +40,8 @@ DRIVER = textwrap.dedent("""
 
 # A dasktune experiment whose trials report once, then wait for a file: the test decides
 # when it finishes, so "running" is observed for sure rather than by timing.
-TUNER = textwrap.dedent("""
+# The experiment scripts' start: --storage, --go (the file that lets trials finish), --address.
+EXPERIMENT_ARGS = textwrap.dedent("""
     import argparse, os, time
     from distributed import Client
     import dasktune as tune
@@ -50,6 +51,9 @@ TUNER = textwrap.dedent("""
     p.add_argument("--go", required=True)
     p.add_argument("--address", required=True)
     args = p.parse_args()
+""")
+
+TUNER = EXPERIMENT_ARGS + textwrap.dedent("""
 
     def train(config):
         tune.report({"x": config["x"]})
@@ -205,18 +209,9 @@ ADAPTIVE_TUNER = TUNER.replace('grid_search([1, 2])', 'grid_search([1, 2, 3])').
 
 # One trial whose gang is three single-CPU ranks (its own slot {"CPU": 0}, Ray's default):
 # the pool must grow to three workers for it, holding them until the test's go file.
-GANG_TUNER = textwrap.dedent("""
-    import argparse, os, time
-    from distributed import Client
-    import dasktune as tune
+GANG_TUNER = EXPERIMENT_ARGS + textwrap.dedent("""
     from dasktune.session import reserve_workers
     from dasktune.train import ScalingConfig
-
-    p = argparse.ArgumentParser()
-    p.add_argument("--storage", required=True)
-    p.add_argument("--go", required=True)
-    p.add_argument("--address", required=True)
-    args = p.parse_args()
 
     def train(config):
         gang = reserve_workers([{"CPU": 1}] * 3)  # reserved with the trial's start

@@ -311,22 +311,19 @@ def notice_driver(config: dict[str, Any]) -> None:
                  run_config=train.RunConfig(callbacks=[TuneReportCallback()])).fit()
 
 
-def test_retiring_head_worker_gives_a_notice_and_the_trial_resumes_from_its_checkpoint(
-        dask_processes, connect, tmp_path):
-    from distributed import Client
-
-    procs = dask_processes(n_workers=4, nthreads=1, resources="CPU=1")
-    connect(procs.address)
-    steps = 12
+def start_notice_trial(tmp_path: Any, name: str, steps: int
+                       ) -> tuple[threading.Thread, dict[str, Any], Any]:
+    """A ``steps``-step ``notice_driver`` trial fitting in a thread: (the thread, where its
+    ``ResultGrid`` lands under ``"grid"``, its trial folder once the group ran step 3)."""
     out: dict[str, Any] = {}
     tuner = tune.Tuner(
         tune.with_resources(notice_driver, train.ScalingConfig(num_workers=2)),
         param_space={"steps": steps, "sleep": 0.3},
-        run_config=tune.RunConfig(name="notice", storage_path=str(tmp_path / "results"),
+        run_config=tune.RunConfig(name=name, storage_path=str(tmp_path / "results"),
                                   verbose=0))
     thread = threading.Thread(target=lambda: out.setdefault("grid", tuner.fit()), daemon=True)
     thread.start()
-    exp = tmp_path / "results" / "notice"
+    exp = tmp_path / "results" / name
 
     def running_at_step_3() -> Any:
         dirs = [d for d in exp.glob("*") if d.is_dir()] if exp.exists() else []
@@ -335,7 +332,17 @@ def test_retiring_head_worker_gives_a_notice_and_the_trial_resumes_from_its_chec
         ran = [r["step"] for r in read_jsonl(str(dirs[0] / "steps.jsonl"))]
         return dirs[0] if ran and max(ran) >= 3 else None
 
-    d = wait_for(running_at_step_3, timeout=240, what="the group at step 3")
+    return thread, out, wait_for(running_at_step_3, timeout=240, what="the group at step 3")
+
+
+def test_retiring_head_worker_gives_a_notice_and_the_trial_resumes_from_its_checkpoint(
+        dask_processes, connect, tmp_path):
+    from distributed import Client
+
+    procs = dask_processes(n_workers=4, nthreads=1, resources="CPU=1")
+    connect(procs.address)
+    steps = 12
+    thread, out, d = start_notice_trial(tmp_path, "notice", steps)
     head = read_jsonl(str(d / "result.json"))[-1]["worker"]  # where the driver function runs
     with Client(procs.address, set_as_default=False, timeout="20s") as client:
         client.retire_workers([head], close_workers=True, remove=True)
@@ -361,24 +368,7 @@ def test_retiring_a_rank_worker_checkpoints_first_and_restarts_the_group_on_a_fr
     procs = dask_processes(n_workers=4, nthreads=1, resources="CPU=1")
     connect(procs.address)
     steps = 12
-    out: dict[str, Any] = {}
-    tuner = tune.Tuner(
-        tune.with_resources(notice_driver, train.ScalingConfig(num_workers=2)),
-        param_space={"steps": steps, "sleep": 0.3},
-        run_config=tune.RunConfig(name="rank-retire", storage_path=str(tmp_path / "results"),
-                                  verbose=0))
-    thread = threading.Thread(target=lambda: out.setdefault("grid", tuner.fit()), daemon=True)
-    thread.start()
-    exp = tmp_path / "results" / "rank-retire"
-
-    def running_at_step_3() -> Any:
-        dirs = [d for d in exp.glob("*") if d.is_dir()] if exp.exists() else []
-        if not dirs:
-            return None
-        ran = [r["step"] for r in read_jsonl(str(dirs[0] / "steps.jsonl"))]
-        return dirs[0] if ran and max(ran) >= 3 else None
-
-    d = wait_for(running_at_step_3, timeout=240, what="the group at step 3")
+    thread, out, d = start_notice_trial(tmp_path, "rank-retire", steps)
     rank1 = next(r for r in read_jsonl(str(d / "ranks.jsonl")) if r["rank"] == 1)
     with Client(procs.address, set_as_default=False, timeout="20s") as client:
         victim = next(addr for addr, pid in client.run(os.getpid).items()
