@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,6 +120,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def http_get(url: str) -> str | None:
+    """The page at ``url`` (a local server), or None while it does not answer 200."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:  # noqa: S310 - localhost
+            return r.read().decode(errors="replace") if r.status == 200 else None
+    except OSError:
+        return None
 
 
 @pytest.fixture(scope="session")

@@ -7,12 +7,11 @@ import os
 import signal
 import subprocess
 import sys
-import urllib.request
 
 import psutil
 import pytest
 
-from tests.conftest import free_port, wait_for
+from tests.conftest import free_port, http_get, wait_for
 
 pytest.importorskip("tensorboard")
 
@@ -27,14 +26,6 @@ available_node_types:
   worker_nodes: {{node_config: {{}}, resources: {{CPU: 1}}}}
 head_node_type: head_node
 """
-
-
-def _get(url: str) -> str | None:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:  # noqa: S310 - localhost
-            return r.read().decode(errors="replace") if r.status == 200 else None
-    except OSError:
-        return None
 
 
 def test_tensorboard_through_exec_port_forward(tmp_path):
@@ -53,16 +44,16 @@ def test_tensorboard_through_exec_port_forward(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     children: list[psutil.Process] = []
     try:
-        page = wait_for(lambda: _get(f"http://127.0.0.1:{local_port}/"), timeout=120,
+        page = wait_for(lambda: http_get(f"http://127.0.0.1:{local_port}/"), timeout=120,
                         interval=0.5, what="TensorBoard on the forwarded port")
         assert "tensorboard" in str(page).lower() and len(str(page)) > 100_000  # its bundle
-        assert _get(f"http://127.0.0.1:{local_port}/data/environment") is not None
+        assert http_get(f"http://127.0.0.1:{local_port}/data/environment") is not None
         children = psutil.Process(proc.pid).children(recursive=True)
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in the terminal that ran exec
         out, _ = proc.communicate(timeout=60)
         assert f"forwarding localhost:{local_port} -> port {head_port}" in out
         assert "Traceback" not in out, out
-        assert _get(f"http://127.0.0.1:{local_port}/") is None
+        assert http_get(f"http://127.0.0.1:{local_port}/") is None
         wait_for(lambda: not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE
                                  for c in children), timeout=30, what="TensorBoard to end")
     finally:

@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -28,7 +29,7 @@ import psutil
 import pytest
 import yaml
 
-from tests.conftest import wait_for
+from tests.conftest import free_port, http_get, wait_for
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("dask_jobqueue")
@@ -191,6 +192,26 @@ def test_up_status_submit_down_walltime_moves(slurm, tmp_path):
         assert status.returncode == 0, status.stderr
         assert "workers:   2" in status.stdout and "slurm jobs:" in status.stdout
         assert "running" in status.stdout and "time left 00:00:" in status.stdout
+        # exec --port-forward on the login node: a server started through exec answers
+        # on the port where the user typed the command, until Ctrl-C.
+        head_port, local_port = free_port(), free_port()
+        fwd = subprocess.Popen(
+            [*argv, "exec", str(cluster_file),
+             f"{sys.executable} -m http.server {head_port} --bind 127.0.0.1",
+             "--port-forward", f"{local_port}:{head_port}"], env=env, cwd=tmp_path,
+            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            page = wait_for(lambda: http_get(f"http://127.0.0.1:{local_port}/"), timeout=60,
+                            interval=0.5, what="the server on the forwarded port")
+            assert "slurm.yaml" in page  # the listing of the folder exec ran it in
+            os.killpg(fwd.pid, signal.SIGINT)
+            fwd_out, _ = fwd.communicate(timeout=60)
+            assert f"forwarding localhost:{local_port} -> port {head_port}" in fwd_out
+            assert http_get(f"http://127.0.0.1:{local_port}/") is None
+        finally:
+            if fwd.poll() is None:
+                os.killpg(fwd.pid, signal.SIGKILL)  # our own exec's session, by its pid
+                fwd.wait(10)
 
         storage = tmp_path / "results"
         out, err = open(tmp_path / "submit.out", "w+"), open(tmp_path / "submit.err", "w+")
