@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import signal
@@ -35,6 +36,29 @@ def wait_for(predicate: Callable[[], object], timeout: float = 30.0, interval: f
         time.sleep(interval)
 
 
+@contextlib.contextmanager
+def driver_life(script: Path, args: list[str], logfile: Path,
+                env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
+    """One life of the driver ``script`` (``python script *args``, output to ``logfile``)
+    in its own process group, so that :func:`kill_driver` takes the driver and any
+    embedded cluster at once; killed on the way out if it still runs."""
+    with open(logfile, "w") as log:
+        driver = subprocess.Popen([sys.executable, str(script), *args], env=env,
+                                  stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True, cwd=str(logfile.parent))
+        try:
+            yield driver
+        finally:
+            kill_driver(driver)
+
+
+def kill_driver(driver: subprocess.Popen) -> None:
+    """SIGKILL the process group of a driver started by :func:`driver_life`, if it runs."""
+    if driver.poll() is None:
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait(10)
+
+
 def driver_lives(script: Path, args: list[str], logdir: Path, *, progress: Callable[[], int],
                  rng: random.Random, kills: int = 3, step: tuple[int, int] = (4, 12),
                  jitter: float = 0.0, max_lives: int = 8, env: dict[str, str] | None = None,
@@ -51,34 +75,53 @@ def driver_lives(script: Path, args: list[str], logdir: Path, *, progress: Calla
         lives += 1
         assert lives <= max_lives, "the experiment never finished"
         logfile = logdir / f"driver-{lives}.log"
-        with open(logfile, "w") as log:
-            driver = subprocess.Popen([sys.executable, str(script), *args], env=env,
-                                      stdout=log, stderr=subprocess.STDOUT,
-                                      start_new_session=True, cwd=str(logdir))
-            try:
-                if done_kills < kills:
-                    before = progress()
-                    goal = before + rng.randint(*step)
-                    wait_for(lambda goal=goal, driver=driver: progress() >= goal or
-                             driver.poll() is not None,
-                             timeout=timeout, what=f"progress to {goal} in driver life {lives}")
-                    if driver.poll() is None and jitter:
-                        time.sleep(rng.uniform(0, jitter))
-                    if driver.poll() is None:
-                        if before_kill is not None:
-                            before_kill(lives)
-                        os.killpg(driver.pid, signal.SIGKILL)
-                        driver.wait(10)
-                        done_kills += 1
-                        continue
-                driver.wait(finish_timeout)
-            finally:
+        with driver_life(script, args, logfile, env) as driver:
+            if done_kills < kills:
+                before = progress()
+                goal = before + rng.randint(*step)
+                wait_for(lambda goal=goal, driver=driver: progress() >= goal or
+                         driver.poll() is not None,
+                         timeout=timeout, what=f"progress to {goal} in driver life {lives}")
+                if driver.poll() is None and jitter:
+                    time.sleep(rng.uniform(0, jitter))
                 if driver.poll() is None:
-                    os.killpg(driver.pid, signal.SIGKILL)
-                    driver.wait(10)
+                    if before_kill is not None:
+                        before_kill(lives)
+                    kill_driver(driver)
+                    done_kills += 1
+                    continue
+            driver.wait(finish_timeout)
         out = logfile.read_text()
         assert driver.returncode == 0, out[-3000:]
         return lives, done_kills, out
+
+
+def read_jsonl(path: str) -> list[dict]:
+    """Every complete JSON line of ``path`` ([] before it exists; a line still being
+    written is left out)."""
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass
+    return out
+
+
+def logged_rows(exp: str) -> int:
+    """Rows the drivers have written to the trials' ``result.json`` files so far."""
+    n = 0
+    for d in os.listdir(exp) if os.path.isdir(exp) else []:
+        path = os.path.join(exp, d, "result.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                n += sum(1 for line in f if line.endswith("\n"))
+    return n
 
 
 def logged_iterations(trial_dir: str, tag: str) -> dict[str, list[int]]:

@@ -6,16 +6,15 @@ TERMINATED with its last result and never runs it again.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
-import signal
 import subprocess
-import sys
 import time
 
 import pytest
-from conftest import wait_for
+from conftest import driver_life, kill_driver, wait_for
 
 import dasktune as tune
 from dasktune.config import RunConfig, TuneConfig
@@ -182,32 +181,24 @@ def test_a_trial_the_driver_ended_is_not_run_again_after_a_driver_kill(tmp_path,
     storage, name = str(tmp_path / "results"), "ended"
     exp = os.path.join(storage, name)
 
-    def life(stall: bool) -> subprocess.Popen:
+    def life(stall: bool) -> contextlib.AbstractContextManager[subprocess.Popen]:
         env = dict(os.environ)
         env.pop("STALL", None)
         if stall:
             env["STALL"] = "1"
-        log = open(tmp_path / f"driver-{int(stall)}.log", "w")
-        return subprocess.Popen([sys.executable, str(script), storage, name, mode], env=env,
-                                stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, cwd=str(tmp_path))
+        return driver_life(script, [storage, name, mode],
+                           tmp_path / f"driver-{int(stall)}.log", env)
 
     def stalled() -> list[str]:
         return glob.glob(os.path.join(exp, "*", "stalled"))
 
-    driver = life(stall=True)
-    try:
+    with life(stall=True) as driver:
         wait_for(lambda: stalled() or driver.poll() is not None, timeout=120,
                  what="the driver to end the trial")
         assert driver.poll() is None, (tmp_path / "driver-1.log").read_text()[-3000:]
         # The driver decided the end and stalls before it saves it: kill it (its whole
         # process group, the embedded cluster with it).
-        os.killpg(driver.pid, signal.SIGKILL)
-        driver.wait(10)
-    finally:
-        if driver.poll() is None:
-            os.killpg(driver.pid, signal.SIGKILL)
-            driver.wait(10)
+        kill_driver(driver)
     trial_dir = os.path.dirname(stalled()[0])
     end = _marker(trial_dir)
     assert end is not None and end["ended_by"] == ended_by
@@ -219,13 +210,8 @@ def test_a_trial_the_driver_ended_is_not_run_again_after_a_driver_kill(tmp_path,
     ended_id = next(t for t in saved if t in os.path.basename(trial_dir))
     assert saved[ended_id] != "TERMINATED"  # the killed driver never saved its end
 
-    driver = life(stall=False)
-    try:
+    with life(stall=False) as driver:
         driver.wait(180)
-    finally:
-        if driver.poll() is None:
-            os.killpg(driver.pid, signal.SIGKILL)
-            driver.wait(10)
     out = (tmp_path / "driver-0.log").read_text()
     assert driver.returncode == 0, out[-3000:]
     want = "[(0.1, 2), (1.0, 12)] 2" if mode == "asha" else "[(0.1, 3)] 1"

@@ -14,7 +14,7 @@ import random
 import time
 
 import pytest
-from conftest import driver_lives, logged_iterations
+from conftest import driver_lives, logged_iterations, logged_rows
 
 import dasktune as tune
 
@@ -65,17 +65,6 @@ print("DONE", json.dumps({"n": len(results), "terminated": results.num_terminate
 '''
 
 
-def _logged(exp: str) -> int:
-    """Rows the drivers have written to the trials' result.json files so far."""
-    n = 0
-    for d in os.listdir(exp) if os.path.isdir(exp) else []:
-        path = os.path.join(exp, d, "result.json")
-        if os.path.exists(path):
-            with open(path) as f:
-                n += sum(1 for line in f if line.endswith("\n"))
-    return n
-
-
 def test_driver_killed_repeatedly_then_restored(dask_processes, tmp_path):
     procs = dask_processes(n_workers=2, resources="CPU=3")
     script = tmp_path / "driver.py"
@@ -84,7 +73,7 @@ def test_driver_killed_repeatedly_then_restored(dask_processes, tmp_path):
     exp = os.path.join(storage, name)
     # Progress of a life: rows it logged (zombie attempts log nothing).
     lives, kills, out = driver_lives(script, [procs.address, storage, name], tmp_path,
-                                     progress=lambda: _logged(exp), rng=random.Random(5))
+                                     progress=lambda: logged_rows(exp), rng=random.Random(5))
     done = json.loads(out.split("DONE", 1)[1].strip().splitlines()[0])
     assert done == {"n": 6, "terminated": 6, "errors": 0}
     state = json.load(open(os.path.join(exp, "experiment_state.json")))

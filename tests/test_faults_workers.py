@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import DaskProcesses, wait_for
+from conftest import DaskProcesses, read_jsonl, wait_for
 
 import dasktune as tune
 from dasktune import runtime
@@ -37,22 +37,6 @@ def _append(trial_dir: str, name: str, record: dict[str, Any]) -> None:
     # One short write per line on O_APPEND: lines from concurrent writers never interleave.
     with open(os.path.join(trial_dir, name), "a") as f:
         f.write(json.dumps(record) + "\n")
-
-
-def read_jsonl(path: str) -> list[dict[str, Any]]:
-    """Every complete JSON line of ``path`` ([] if it does not exist yet)."""
-    try:
-        with open(path) as f:
-            lines = f.read().splitlines()
-    except FileNotFoundError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            out.append(json.loads(line))
-        except ValueError:  # a line still being written
-            pass
-    return out
 
 
 def trial_dirs(exp_dir: str) -> list[str]:

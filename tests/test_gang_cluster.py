@@ -16,14 +16,13 @@ import time
 from typing import Any
 
 import pytest
-from conftest import wait_for
+from conftest import read_jsonl, wait_for
 
 # The fault tests' real-cluster fixture (no-nanny `dask worker` processes, killed by PID):
 # the tests below take it as an argument, which ruff reads as a redefinition (F811).
 from test_faults_workers import (
     cluster,  # noqa: F401
     join,
-    read_jsonl,
     run_in_thread,
 )
 

@@ -22,7 +22,7 @@ import shutil
 import tempfile
 
 import pytest
-from conftest import driver_lives, logged_iterations
+from conftest import driver_lives, logged_iterations, logged_rows
 
 import dasktune as tune
 from dasktune.driver.restore import restore_trials
@@ -71,17 +71,6 @@ print("DONE", len(results), results.num_terminated, len(results.errors), flush=T
 '''
 
 
-def _rows(exp: str) -> int:
-    """Rows written to the trials' result.json files so far."""
-    n = 0
-    for d in os.listdir(exp) if os.path.isdir(exp) else []:
-        path = os.path.join(exp, d, "result.json")
-        if os.path.exists(path):
-            with open(path) as f:
-                n += sum(1 for line in f if line.endswith("\n"))
-    return n
-
-
 def _trial_dirs(exp: str) -> list[str]:
     return sorted(os.path.join(exp, d) for d in os.listdir(exp)
                   if os.path.isdir(os.path.join(exp, d)))
@@ -113,7 +102,7 @@ def test_files_agree_after_kills_at_random_points(tmp_path):
                 crowded.append((life, d, folders))
 
     lives, kills, out = driver_lives(script, [storage, name], tmp_path,
-                                     progress=lambda: _rows(exp), rng=random.Random(24),
+                                     progress=lambda: logged_rows(exp), rng=random.Random(24),
                                      kills=3, step=(3, 9), jitter=0.4,
                                      before_kill=at_most_k_plus_one)
     assert "DONE 4 4 0" in out, out[-3000:]

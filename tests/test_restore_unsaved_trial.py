@@ -5,15 +5,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
-import signal
 import subprocess
-import sys
 
 import pytest
-from conftest import wait_for
+from conftest import driver_life, kill_driver, wait_for
 
 DRIVER = r'''
 import os, sys, time
@@ -85,7 +84,7 @@ def test_a_trial_finished_after_the_last_save_is_adopted_not_run_again(tmp_path)
     storage, name = str(tmp_path / "results"), "unsaved"
     exp = os.path.join(storage, name)
 
-    def life(n: int, stall: bool) -> subprocess.Popen:
+    def life(n: int, stall: bool) -> contextlib.AbstractContextManager[subprocess.Popen]:
         env = dict(os.environ, LIFE=str(n))
         env.pop("STALL", None)
         if stall:
@@ -95,27 +94,18 @@ def test_a_trial_finished_after_the_last_save_is_adopted_not_run_again(tmp_path)
             # the trial x=1 is made after the last save, and no save comes before its end.
             env["DASK_DASKTUNE__CONTROLLER__CHECKPOINT_PERIOD"] = "1h"
             env["DASK_DASKTUNE__EXECUTOR__QUEUE_NEXT"] = "False"
-        log = open(tmp_path / f"driver-{n}.log", "w")
-        return subprocess.Popen([sys.executable, str(script), storage, name], env=env,
-                                stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, cwd=str(tmp_path))
+        return driver_life(script, [storage, name], tmp_path / f"driver-{n}.log", env)
 
     def stalled() -> list[str]:
         return glob.glob(os.path.join(exp, "*", "stalled"))
 
-    driver = life(1, stall=True)
-    try:
+    with life(1, stall=True) as driver:
         wait_for(lambda: stalled() or driver.poll() is not None, timeout=120,
                  what="the driver to hear the trial x=1 end")
         assert driver.poll() is None, (tmp_path / "driver-1.log").read_text()[-3000:]
         # Killed right after the trial finished, before any save saw it (its whole process
         # group, the embedded cluster with it).
-        os.killpg(driver.pid, signal.SIGKILL)
-        driver.wait(10)
-    finally:
-        if driver.poll() is None:
-            os.killpg(driver.pid, signal.SIGKILL)
-            driver.wait(10)
+        kill_driver(driver)
     trial_dir = os.path.dirname(stalled()[0])
     with open(os.path.join(trial_dir, "params.json")) as f:
         assert json.load(f) == {"x": 1}
@@ -128,13 +118,8 @@ def test_a_trial_finished_after_the_last_save_is_adopted_not_run_again(tmp_path)
     with open(os.path.join(trial_dir, "result.json")) as f:
         assert len(f.read().splitlines()) in (2, 3)  # the last row may not have landed
 
-    driver = life(2, stall=False)
-    try:
+    with life(2, stall=False) as driver:
         driver.wait(180)
-    finally:
-        if driver.poll() is None:
-            os.killpg(driver.pid, signal.SIGKILL)
-            driver.wait(10)
     out = (tmp_path / "driver-2.log").read_text()
     assert driver.returncode == 0, out[-3000:]
     assert "DONE [(0, 3), (1, 13), (2, 23)] 3" in out, out[-3000:]

@@ -20,8 +20,8 @@ import psutil
 import pytest
 import yaml
 
-from tests.conftest import wait_for
-from tests.test_slurm import DRIVER, ROOT, read_rows
+from tests.conftest import read_jsonl, wait_for
+from tests.test_slurm import DRIVER, ROOT
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("dask_jobqueue")
@@ -104,7 +104,7 @@ def test_sge_up_status_submit_down_walltime_move(sge, tmp_path):
         (line,) = [ln for ln in run.stdout.splitlines() if ln.startswith("RESULT ")]
         assert json.loads(line[len("RESULT "):]) == {"errors": [], "iterations": [ITERS]}
         (trial,) = storage.glob("exp/*/executed.jsonl")
-        rows = read_rows(str(trial))
+        rows = read_jsonl(str(trial))
         # Every iteration ran exactly once, in more than one job: a graceful move.
         assert sorted(r["it"] for r in rows) == list(range(1, ITERS + 1))
         assert len({r["job"] for r in rows}) >= 2 and len({r["attempt"] for r in rows}) >= 2

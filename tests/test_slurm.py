@@ -29,7 +29,7 @@ import psutil
 import pytest
 import yaml
 
-from tests.conftest import free_port, http_get, wait_for
+from tests.conftest import free_port, http_get, read_jsonl, wait_for
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("dask_jobqueue")
@@ -115,22 +115,6 @@ def _queue(name: str, state: str | None = None) -> list[str]:
     return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.split()
 
 
-def read_rows(path: str) -> list[dict]:
-    """The complete lines of a trial's executed.jsonl ([] before it exists)."""
-    try:
-        with open(path) as f:
-            lines = f.read().splitlines()
-    except FileNotFoundError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            out.append(json.loads(line))
-        except ValueError:  # being written
-            pass
-    return out
-
-
 def _kill_a_trials_job(dasktune, cluster_file, storage) -> list[str]:
     """``kill-random-worker --hard`` while both trials run, until it has picked a job that
     ran one (it may pick the idle replacement job: the head replaces that one too);
@@ -138,10 +122,10 @@ def _kill_a_trials_job(dasktune, cluster_file, storage) -> list[str]:
     pattern = str(storage / "exp" / "*" / "executed.jsonl")
 
     def jobs_run() -> set[str]:
-        return {r["job"] for p in glob.glob(pattern) for r in read_rows(p)}
+        return {r["job"] for p in glob.glob(pattern) for r in read_jsonl(p)}
 
     def both_running() -> bool:
-        rows = [read_rows(p) for p in glob.glob(pattern)]
+        rows = [read_jsonl(p) for p in glob.glob(pattern)]
         now = time.time()
         return len(rows) == 2 and all(len(r) >= 3 and now - r[-1]["t"] < 3.0 for r in rows)
 
@@ -230,7 +214,7 @@ def test_up_status_submit_down_walltime_moves(slurm, tmp_path):
         assert len(trials) == 2
         hit = 0
         for trial in trials:
-            rows = read_rows(trial)
+            rows = read_jsonl(trial)
             assert len({r["attempt"] for r in rows}) >= 2, trial  # across more than one job
             twice: set[int] = set()
             for attempt in sorted({r["attempt"] for r in rows if r["job"] in killed}):

@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 import pytest
-from conftest import wait_for
+from conftest import read_jsonl, wait_for
 
 import dasktune as tune
 from dasktune import train
@@ -33,14 +33,6 @@ pytestmark = pytest.mark.slow
 def _append(path: str, record: dict[str, Any]) -> None:
     with open(path, "a") as f:  # one short O_APPEND write: lines never interleave
         f.write(json.dumps(record) + "\n")
-
-
-def read_jsonl(path: str) -> list[dict[str, Any]]:
-    try:
-        with open(path) as f:
-            return [json.loads(line) for line in f.read().splitlines() if line.strip()]
-    except FileNotFoundError:
-        return []
 
 
 def loop(config: dict[str, Any]) -> None:

@@ -7,15 +7,14 @@ when the killed driver never saved its end.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
-import signal
 import subprocess
-import sys
 
 import pytest
-from conftest import wait_for
+from conftest import driver_life, kill_driver, wait_for
 
 from dasktune.attempt import Attempt
 from dasktune.session import TrialSpec
@@ -145,21 +144,18 @@ def test_a_trial_that_returned_is_not_run_again_after_a_driver_kill(tmp_path):
     storage, name = str(tmp_path / "results"), "ended"
     exp = os.path.join(storage, name)
 
-    def life(stall: bool) -> subprocess.Popen:
+    def life(stall: bool) -> contextlib.AbstractContextManager[subprocess.Popen]:
         env = dict(os.environ)
         env.pop("STALL", None)
         if stall:
             env["STALL"] = "1"
-        log = open(tmp_path / f"driver-{int(stall)}.log", "w")
-        return subprocess.Popen([sys.executable, str(script), storage, name], env=env,
-                                stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, cwd=str(tmp_path))
+        return driver_life(script, [storage, name], tmp_path / f"driver-{int(stall)}.log",
+                           env)
 
     def returned() -> list[str]:
         return glob.glob(os.path.join(exp, "*", "returning"))
 
-    driver = life(stall=True)
-    try:
+    with life(stall=True) as driver:
         # The short trial's trainable returned; its end is durable: kill the driver (its
         # whole process group, the embedded cluster with it) at once.
         wait_for(lambda: returned() or driver.poll() is not None, timeout=120,
@@ -168,24 +164,14 @@ def test_a_trial_that_returned_is_not_run_again_after_a_driver_kill(tmp_path):
         trial_dir = os.path.dirname(returned()[0])
         wait_for(lambda: os.path.exists(os.path.join(trial_dir, TRIAL_END_FILE)), timeout=30,
                  what="the trial's end in storage")
-        os.killpg(driver.pid, signal.SIGKILL)
-        driver.wait(10)
-    finally:
-        if driver.poll() is None:
-            os.killpg(driver.pid, signal.SIGKILL)
-            driver.wait(10)
+        kill_driver(driver)
     with open(os.path.join(exp, "experiment_state.json")) as f:
         saved = {t["trial_id"]: t["status"] for t in json.load(f)["trials"]}
     short_id = next(t for t in saved if t in os.path.basename(trial_dir))
     assert saved[short_id] != "TERMINATED"  # the killed driver never saved its end
 
-    driver = life(stall=False)
-    try:
+    with life(stall=False) as driver:
         driver.wait(180)
-    finally:
-        if driver.poll() is None:
-            os.killpg(driver.pid, signal.SIGKILL)
-            driver.wait(10)
     out = (tmp_path / "driver-0.log").read_text()
     assert driver.returncode == 0, out[-3000:]
     assert "DONE [(2, 2), (12, 12)] 2" in out, out[-3000:]
