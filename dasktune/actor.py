@@ -73,6 +73,7 @@ class TrialActor:
         self._where: dict[str, Any] = {}  # what start() returned: pid, host, worker
         self._cluster: tuple[str, Any] | None = None  # the worker's scheduler, security
         self._last_poll = time.monotonic()
+        self._replied = 0.0  # when a poll's reply last carried reports
         # Attempts that ended in the thread that went on to their queued successors,
         # each until a poll has handed its last reports to the driver (see _hand_over);
         # several when short trials end faster than the driver polls.
@@ -189,10 +190,13 @@ class TrialActor:
         return self._attempt.fenced_reason
 
     async def poll(self, ack: int, wait: float = 0.2, attempt: str | None = None,
-                   limit: int | None = None) -> dict[str, Any]:
+                   limit: int | None = None, gap: float = 0.0) -> dict[str, Any]:
         """Drop reports up to ``ack``; return the next ones (waiting up to ``wait`` s),
         at most ``limit`` of them (0: none, a keep-alive that still reports the end
-        once nothing is left to send).
+        once nothing is left to send), and no sooner than ``gap`` s after the last
+        reply that carried reports (unless the attempt ends): a trial reporting faster
+        than that sends its reports in batches, so the driver's cost per report falls
+        as the rate rises.
 
         ``attempt`` (``"<trial_id>:<attempt>"``) names the attempt polled: a poll of the
         attempt that ended before the running one gets that attempt's last reports,
@@ -213,16 +217,26 @@ class TrialActor:
             if empty:
                 self._wakeup.clear()
                 self._wake_pending = False
+        woke = False
         if empty and wait > 0:
             try:
                 await asyncio.wait_for(self._wakeup.wait(), wait)
-                if self._is(attempt) and not self.spec.sync_reports and not self._finished:
-                    # Linger a moment so a fast trial's reports travel in batches, but
-                    # not past its end: its slot waits for this reply.
-                    assert self._ended is not None
-                    await asyncio.wait_for(self._ended.wait(), _LINGER)
+                woke = True
             except asyncio.TimeoutError:
                 pass
+        if (woke or not empty) and limit != 0 and self._is(attempt) and \
+                not self.spec.sync_reports and not self._finished and \
+                not (gangs is not None and gangs.has_notes()):
+            # Linger so a fast trial's reports travel in batches -- a moment after a
+            # wake-up, and until ``gap`` after the last reply -- but not past its end (its
+            # slot waits for this reply) and never with a gang request waiting.
+            assert self._ended is not None
+            linger = max(_LINGER if woke else 0.0, self._replied + gap - time.monotonic())
+            if linger > 0:
+                try:
+                    await asyncio.wait_for(self._ended.wait(), linger)
+                except asyncio.TimeoutError:
+                    pass
         with self._cond:
             if not self._is(attempt):  # it ended and its thread took the queued attempt
                 return self._poll_ended(attempt, ack, limit)
@@ -234,6 +248,8 @@ class TrialActor:
                      "fenced": self.fenced_reason if finished else None,
                      # Gang requests and releases for the driver (dasktune.gang_desk).
                      "gangs": gangs.take_notes() if gangs is not None else []}
+        if batch:
+            self._replied = time.monotonic()
         if finished:
             # The reply carries the attempt's last reports (they need no ack): from here
             # the actor may take an attempt queued after the thread ended.

@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Any
 
+import psutil
 import pytest
 from conftest import read_jsonl, wait_for
 
@@ -35,6 +36,17 @@ def _append(path: str, record: dict[str, Any]) -> None:
         f.write(json.dumps(record) + "\n")
 
 
+def worker_pid() -> int:
+    """The ``dask worker`` process hosting this rank: the rank's parent, or the parent of
+    the worker's fork server that forked it."""
+    import psutil
+
+    parent = psutil.Process(os.getppid())
+    if "dasktune.train.forkserver:serve" in parent.cmdline():
+        return parent.ppid()
+    return parent.pid
+
+
 def loop(config: dict[str, Any]) -> None:
     """Counts to ``steps``; a checkpoint every ``k`` steps with one file per rank."""
     import torch.distributed as dist
@@ -50,7 +62,8 @@ def loop(config: dict[str, Any]) -> None:
             start = json.load(f)["step"]
     trial_dir = ctx.get_trial_dir()
     _append(os.path.join(trial_dir, "ranks.jsonl"),
-            {"rank": rank, "pid": os.getpid(), "worker_pid": os.getppid(), "t": time.time(),
+            {"rank": rank, "pid": os.getpid(), "worker_pid": worker_pid(),
+             "parent_pid": os.getppid(), "t": time.time(),
              "start": start, "world": world,
              "local_rank": ctx.get_local_rank(), "env_rank": int(os.environ["RANK"]),
              "env_world": int(os.environ["WORLD_SIZE"])})
@@ -107,6 +120,25 @@ def test_two_two_worker_trials_report_all_reduce_and_checkpoint(cluster, tmp_pat
         ranks = read_jsonl(os.path.join(result.path, "ranks.jsonl"))
         assert sorted((r["rank"], r["world"], r["env_rank"], r["env_world"]) for r in ranks) \
             == [(0, 2, 0, 2), (1, 2, 1, 2)]
+        # Forked by their workers' fork servers (the default on Linux), not the workers.
+        assert all(r["parent_pid"] != r["worker_pid"] for r in ranks)
+
+
+def test_with_the_fork_server_off_each_rank_is_a_fresh_child_of_its_worker(
+        dask_processes, connect, tmp_path):
+    procs = dask_processes(n_workers=2, nthreads=1, resources="CPU=1",
+                           env={"DASK_DASKTUNE__TRAIN__FORKSERVER": "False"})
+    connect(procs.address)
+    result = TorchTrainer(
+        loop, train_loop_config={"steps": 2, "k": 2},
+        scaling_config=train.ScalingConfig(num_workers=2),
+        run_config=train.RunConfig(storage_path=str(tmp_path / "results"))).fit()
+    assert result.error is None and result.metrics["sum"] == 3.0
+    ranks = read_jsonl(os.path.join(result.path, "ranks.jsonl"))
+    worker_pids = {p.pid for p in procs.workers}
+    assert len(ranks) == 2
+    assert all(r["parent_pid"] == r["worker_pid"] and
+               psutil.Process(r["worker_pid"]).ppid() in worker_pids for r in ranks)
 
 
 # ------------------------------------------------------------------------------ chaos
@@ -196,9 +228,10 @@ def test_sigkill_of_a_rank_worker_restarts_the_group_from_the_newest_checkpoint(
     reported = list(grid[0].metrics_dataframe["step"])
     assert reported[-(steps - restart):] == list(range(restart + 1, steps + 1))
     # No rank process left anywhere.
-    pids = [r["pid"] for r in starts]
+    # Every rank process, and the killed worker's fork server, are gone.
+    pids = [r["pid"] for r in starts] + [rank1["parent_pid"]]
     wait_for(lambda: not any(_alive(p) for p in pids), timeout=30,
-             what=f"every rank process to exit ({pids})")
+             what=f"every rank process and the lost worker's fork server to exit ({pids})")
 
 
 # ------------------------------------------------------------------ outside Tune, DDP
@@ -281,7 +314,7 @@ def notice_loop(config: dict[str, Any]) -> None:
     trial_dir = ctx.get_trial_dir()
     _append(os.path.join(trial_dir, "ranks.jsonl"), {"rank": rank, "start": start,
                                                      "pid": os.getpid(),
-                                                     "worker_pid": os.getppid()})
+                                                     "worker_pid": worker_pid()})
     noticed = False
     for step in range(start + 1, config["steps"] + 1):
         _append(os.path.join(trial_dir, "steps.jsonl"), {"rank": rank, "step": step})

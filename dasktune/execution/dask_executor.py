@@ -67,10 +67,15 @@ class DaskExecutor(AttemptPolling, QueuedAttempts, ClusterEvents, GangGrants):
         self.client = client
         self._loop: asyncio.AbstractEventLoop = client.loop.asyncio_loop  # type: ignore[attr-defined]
         self._events: queue.SimpleQueue[EventItem] = queue.SimpleQueue()
+        self._held: list[EventItem] = []  # read from _events, for the next events() call
         self._runs: dict[str, Run] = {}
         self._ledger = ResourceLedger(self._fetch_workers)
         self._path_check = path_check
         self._poll_wait = _dask_config.get_seconds("executor.poll-wait")
+        self._batches_per_s = float(_dask_config.get("executor.report-batches-per-second"))
+        if self._batches_per_s <= 0:
+            raise ValueError("dasktune.executor.report-batches-per-second must be > 0, got "
+                             f"{self._batches_per_s:g}")
         self._unresponsive = _dask_config.get_seconds("executor.unresponsive-timeout")
         self._in_flight = int(_dask_config.get("executor.max-reports-in-flight"))
         self._start_timeout = _dask_config.get_seconds("executor.actor-start-timeout")
@@ -218,16 +223,25 @@ class DaskExecutor(AttemptPolling, QueuedAttempts, ClusterEvents, GangGrants):
         """Every event so far, waiting up to ``timeout`` s for the first."""
         # The driver has handled what the last call returned: its stops are on their way.
         self._release_handled()
-        got: list[EventItem] = []
-        try:
-            got.append(self._events.get(timeout=timeout))
-        except queue.Empty:
-            return got
+        got, self._held = self._held, []
+        if not got:
+            try:
+                got.append(self._events.get(timeout=timeout))
+            except queue.Empty:
+                return []
         while True:
             try:
                 got.append(self._events.get_nowait())
             except queue.Empty:
                 break
+        # A gang note starts its batch. Reading one changes the ledger (the asking trial
+        # lends its slot); were the note behind other events, the driver, refilling slots
+        # as it handles those, could start a trial in the lent slot before it learned
+        # from the note that trials now start with their gangs.
+        cut = next((i for i, item in enumerate(got)
+                    if i and item.event.kind in _GANG_NOTE_KINDS), None)
+        if cut is not None:
+            got, self._held = got[:cut], got[cut:]
         taken = [item.taken for item in got if item.taken is not None and not item.handled]
         if taken:  # one wake-up of the client loop for the whole batch
             self._loop.call_soon_threadsafe(_set_all, taken)

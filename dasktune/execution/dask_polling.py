@@ -58,6 +58,7 @@ LOST, START_FAILED, UNQUEUED = EventKind.LOST, EventKind.START_FAILED, EventKind
 # The fewest reports one poll fetches, however many trials share the in-flight budget.
 _MIN_BATCH = 16
 
+
 # How often a trial whose last batch the driver has not taken yet is polled for nothing
 # but its end (well under executor.orphan-timeout).
 _KEEPALIVE = 1.0
@@ -185,6 +186,13 @@ class AttemptPolling:
         # each take the whole budget.
         return max(_MIN_BATCH, self._in_flight // max(1, self.num_running))
 
+    def _reply_gap(self: DaskExecutor) -> float:
+        """The least time between two report-carrying replies of one trial: the running
+        attempts share ``executor.report-batches-per-second`` (up to one poll-wait
+        apart), so a trial reporting faster than its share sends its reports in batches
+        and the round trips' cost per report falls as the rate rises."""
+        return min(self._poll_wait, max(1, self.num_running) / self._batches_per_s)
+
     async def _poll_until_finished(self: DaskExecutor, run: Run) -> None:
         """Collect ``run``'s reports until it ends; on the reply that ends it, hand its
         actor to the attempt queued behind it if the actor started that one."""
@@ -216,6 +224,7 @@ class AttemptPolling:
                     await self._call_quiet(run, "stop", checkpoint, fence)
             reply = await self._call(run, "poll", ack, self._poll_wait if fetch else 0.0,
                                      fence, self._batch_limit() if fetch else 0,
+                                     self._reply_gap(),
                                      timeout=self._poll_wait + self._unresponsive)
             if reply.get("gone"):
                 self._lost(run, f"the actor on {run.worker} no longer holds attempt {fence}")

@@ -100,8 +100,10 @@ class RankSession:
         if checkpoint is None:
             # No wait: the controller takes reports in order; a rank waits only where it
             # must, for a checkpoint to be committed (a round trip through the controller
-            # every step would cost more than a small model's step).
-            self.send(("report", index, metrics, False))
+            # every step would cost more than a small model's step). Only rank 0's
+            # metrics become results: the others say how far they are, nothing more.
+            self.send(("report", index, metrics if self.info.world_rank == 0 else None,
+                       False))
             return
         staged = posixpath.join(self.info.trial_path, staged_dir_name(self.info.group, index))
         with checkpoint.as_directory() as local:

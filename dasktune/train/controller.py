@@ -35,6 +35,7 @@ from dasktune.checkpoint import Checkpoint
 from dasktune.results import Result
 from dasktune.session import StopTrial, TrialSession, node_ip
 from dasktune.shipping import dumps_trainable
+from dasktune.train import forkserver
 from dasktune.train.config import ScalingConfig, TrainingFailedError
 from dasktune.train.context import PreemptionInfo, RankInfo
 from dasktune.train.worker_group import GroupFailure, GroupSpec, WorkerGroup
@@ -92,6 +93,8 @@ class TrainController:
         """Train to the end; the trial's :class:`~dasktune.Result` (rank 0's last metrics,
         the newest committed checkpoint). Raises ``TrainingFailedError``."""
         client = get_client()
+        if not self.scaling.uses_gpu:  # GPU ranks start fresh (see forkserver)
+            forkserver.warm_cluster(client)  # the ranks' imports, while the gang is reserved
         failures = 0
         spec = self.session.spec
         while True:

@@ -4,15 +4,17 @@ The controller submits one :func:`run_rank` per rank, pinned to the rank's worke
 The task leaves the worker's thread pool at once (``secede``: it only waits), connects
 to the controller, and on the controller's word starts the rank's process
 (:mod:`dasktune.train.rank`) with the rank's environment (``RANK``, ``WORLD_SIZE``,
-``MASTER_ADDR``... and ``CUDA_VISIBLE_DEVICES``). Then it waits: it reports the
+``MASTER_ADDR``... and ``CUDA_VISIBLE_DEVICES``), forked by the worker's warm fork server
+(:mod:`dasktune.train.forkserver`) where there is one. Then it waits: it reports the
 process's exit to the controller, and kills the process by its PID, on this worker,
-when the controller says so or goes away. The rank's process also dies with this task's
-thread (``PR_SET_PDEATHSIG``, as an isolated trial's does), so a lost worker leaves no
-rank behind.
+when the controller says so or goes away. The rank's process also dies with its parent --
+the fork server, which dies with the worker, or this task's thread (``PR_SET_PDEATHSIG``,
+as an isolated trial's does) -- so a lost worker leaves no rank behind.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from multiprocessing.connection import Client, Connection
@@ -21,10 +23,14 @@ from typing import Any
 from distributed import secede
 
 from dasktune import isolation
+from dasktune.train import forkserver
 
 __all__ = ["free_port", "run_rank"]
 
+logger = logging.getLogger(__name__)
+
 _POLL_S = 0.1
+_ENTRY = "dasktune.train.rank:main"
 
 
 def free_port(host: str) -> int:
@@ -49,14 +55,29 @@ def run_rank(controller: tuple[str, int], authkey: bytes, rank: int, host: str) 
             return None
         env: dict[str, str] = msg[1]
         devices: list[str] = msg[2]
-        proc = isolation.spawn(
-            "dasktune.train.rank:main",
-            [controller[0], str(controller[1]), authkey.hex(), str(rank), str(os.getpid())],
-            {**isolation.child_env(isolation.child_devices(devices)), **env})
+        proc = _start(controller, authkey, rank,
+                      {**isolation.child_env(isolation.child_devices(devices)), **env},
+                      gpus=bool(devices))
         conn.send(("child", rank, proc.pid))
         return _watch(conn, proc, rank)
     finally:
         conn.close()
+
+
+def _start(controller: tuple[str, int], authkey: bytes, rank: int,
+           env: dict[str, str], gpus: bool) -> Any:
+    """The rank's process: forked by this worker's fork server, or (with GPUs, or where
+    the server is off or failed) a fresh interpreter. Either way it dies with its parent
+    (its last argument)."""
+    args = [controller[0], str(controller[1]), authkey.hex(), str(rank)]
+    server = None if gpus else forkserver.for_this_process()
+    if server is not None:
+        try:
+            return server.start(_ENTRY, [*args, str(server.pid)], env)
+        except (OSError, RuntimeError) as exc:
+            logger.warning("rank %d: the fork server failed (%s); starting a fresh "
+                           "interpreter", rank, exc)
+    return isolation.spawn(_ENTRY, [*args, str(os.getpid())], env)
 
 
 def _watch(conn: Connection, proc: Any, rank: int) -> int:

@@ -9,8 +9,8 @@ and receives the loop and its :class:`~dasktune.train.context.RankInfo`.
 
 Reports: when every rank has reported index ``i``, ``on_report(i, metrics_of_rank_0,
 staged_folder_or_None)`` commits and forwards (the controller's job) and its answer --
-the committed checkpoint's path -- goes back to every rank (a rank waits for it only
-when it reported a checkpoint). When every rank has made its ``k``-th
+the committed checkpoint's path -- goes back to each rank that reported a checkpoint
+(only such a rank waits for it). When every rank has made its ``k``-th
 ``get_preemption_info`` call, ``notice()`` answers them all alike.
 
 Faults: a rank that raises, a rank's process that dies, a launcher whose connection
@@ -229,10 +229,11 @@ class WorkerGroup:
             staged = posixpath.join(self.spec.info.trial_path,
                                     staged_dir_name(self.spec.info.group, index))
         path = self.on_report(index, reports[0][0], staged)
-        for conn in self._ranks.values():
-            # A rank whose loop ended does not wait for the answer to its last reports.
-            with contextlib.suppress(OSError):
-                conn.send(("ack", index, path))
+        for rank, (_, has_checkpoint) in reports.items():
+            if has_checkpoint:  # only a rank that gave a checkpoint waits for the answer
+                # A rank whose loop ended does not wait for the answer to its last reports.
+                with contextlib.suppress(OSError):
+                    self._ranks[rank].send(("ack", index, path))
 
     def _check_health(self) -> None:
         gone = [w for w in self.lost() if w in self.workers]

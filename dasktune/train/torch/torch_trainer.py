@@ -15,10 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from dasktune import runtime
 from dasktune.config import FailureConfig, RunConfig
 from dasktune.integration.ray_train import TuneReportCallback
 from dasktune.results import Result
 from dasktune.session import current_session
+from dasktune.train import forkserver
 from dasktune.train.config import ScalingConfig, TrainingFailedError
 from dasktune.train.controller import TrainController
 from dasktune.trainable import with_resources
@@ -108,6 +110,9 @@ class TorchTrainer:
         def train_driver(config: dict[str, Any]) -> None:
             trainer._controller(current_session(), forward=True).run()
 
+        if not self.scaling_config.uses_gpu:
+            # The workers import torch for the CPU ranks while the experiment starts.
+            forkserver.warm_cluster(runtime.get_client()[0])
         ship_by_value(self.train_loop_per_worker)  # the driver ships it inside itself
         rc = self.run_config
         run_config = dataclasses.replace(
