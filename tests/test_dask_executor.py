@@ -111,6 +111,43 @@ async def test_an_attempt_starts_reports_and_finishes(s, a, b):
 
 
 @gen_cluster(**_CLUSTER)
+async def test_a_fast_reporting_attempt_sends_its_reports_in_batches(s, a, b):
+    """A report every 5 ms: replies come at most 20 a second (the default
+    executor.report-batches-per-second, one trial running), each with the reports made
+    since, none lost or reordered."""
+    import tempfile
+
+    client, executor = await _open(s)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            await asyncio.to_thread(executor.start, _spec(tmp, "t5", 200, sleep=0.005),
+                                    {"CPU": 1.0}, a.address)
+            events = await _events_until(executor, _ended("t5"))
+        batches = [e.reports for e in events if e.reports]
+        reports = [r.result for batch in batches for r in batch]
+        assert [r["i"] for r in reports] == list(range(200))
+        # At most one reply per 50 ms of the trial's run, plus its first and its end.
+        span = reports[-1]["time_total_s"] - reports[0]["time_total_s"]
+        assert len(batches) <= 2 + span / 0.05, ([len(b) for b in batches], span)
+        assert len(batches) < 200 / 4
+    finally:
+        await _close(client, executor)
+
+
+@gen_cluster(**_CLUSTER)
+async def test_a_report_rate_of_zero_is_refused_before_anything_runs(s, a, b):
+    import dask.config
+
+    client = await asyncio.to_thread(Client, s.address)
+    try:
+        with dask.config.set({"dasktune.executor.report-batches-per-second": 0}), \
+                pytest.raises(ValueError, match="report-batches-per-second must be > 0"):
+            DaskExecutor(client)
+    finally:
+        await asyncio.to_thread(client.close)
+
+
+@gen_cluster(**_CLUSTER)
 async def test_a_removed_worker_is_reported_and_its_attempt_lost(s, a, b):
     import tempfile
 
