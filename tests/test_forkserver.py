@@ -112,6 +112,18 @@ def test_processes_die_with_the_server_and_with_its_worker(tmp_path):
     assert proc.wait(30) == -signal.SIGKILL
 
 
+def test_a_preload_that_raises_leaves_the_server_serving(tmp_path, monkeypatch):
+    (tmp_path / "broken_on_import.py").write_text("raise RuntimeError('broken')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    s = ForkServer(["broken_on_import"])
+    try:
+        out = tmp_path / "e.json"
+        assert s.start(ENTRY, [str(out), "return"], {}).wait(60) == 0
+        assert json.loads(out.read_text())["ppid"] == s.pid
+    finally:
+        s.close()
+
+
 def test_one_server_per_process_restarted_if_it_died_and_off_by_config():
     with dask.config.set({"dasktune.train.forkserver": False}):
         assert forkserver.for_this_process() is None

@@ -198,6 +198,9 @@ def serve(listen_fd: str, lifeline_fd: str, preload: str) -> None:
             importlib.import_module(name)
         except ImportError as exc:  # torch is optional: ranks import what they need
             logger.debug("fork server: cannot preload %s: %s", name, exc)
+        except Exception:  # noqa: BLE001 - a broken module must not stop the server
+            logger.warning("fork server: importing %s failed; its ranks import it "
+                           "themselves", name, exc_info=True)
     clients: dict[Connection, int | None] = {}  # connection -> the pid it started
     while True:
         ready = _wait([listener, lifeline, *clients])
