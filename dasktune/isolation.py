@@ -247,15 +247,15 @@ def describe_exit(code: int | None) -> str:
 
 
 # ----------------------------------------------------------------------------------- child
-def exit_now() -> NoReturn:
-    """End a child process whose work is over: flush its output, then leave at once, with
-    no atexit handlers and no waits on threads the user's code left running."""
+def exit_now(code: int = 0) -> NoReturn:
+    """End a child process whose work is over: flush its output, then leave at once with
+    ``code``, with no atexit handlers and no waits on threads the user's code left running."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
-    os._exit(0)
+    os._exit(code)
 
 
 def die_with_parent(parent_pid: int) -> None:

@@ -93,8 +93,8 @@ class TrainController:
         """Train to the end; the trial's :class:`~dasktune.Result` (rank 0's last metrics,
         the newest committed checkpoint). Raises ``TrainingFailedError``."""
         client = get_client()
-        if not self.scaling.uses_gpu:  # GPU ranks start fresh (see forkserver)
-            forkserver.warm_cluster(client)  # the ranks' imports, while the gang is reserved
+        # The ranks' imports, while the gang is reserved.
+        forkserver.warm_cluster(client, gpus=self.scaling.uses_gpu)
         failures = 0
         spec = self.session.spec
         while True:

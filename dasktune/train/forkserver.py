@@ -39,7 +39,6 @@ import importlib
 import json
 import logging
 import os
-import select
 import shutil
 import signal
 import socket
@@ -47,12 +46,13 @@ import sys
 import tempfile
 import threading
 import traceback
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from dasktune import _dask_config, isolation
 
-__all__ = ["ForkServer", "ForkedProcess", "for_this_process", "serve", "warm", "warm_cluster"]
+__all__ = ["ForkServer", "ForkedProcess", "enabled", "for_this_process", "serve", "warm",
+           "warm_cluster"]
 
 logger = logging.getLogger(__name__)
 
@@ -155,11 +155,18 @@ _lock = threading.Lock()
 _server: ForkServer | None = None
 
 
-def for_this_process() -> ForkServer | None:
-    """This process's fork server, started on first use (None where it is turned off:
-    ``dasktune.train.forkserver: false``, or not on Linux)."""
+def enabled(gpus: bool = False) -> bool:
+    """Whether ranks (given GPUs or not) are forked by a fork server here: on Linux, with
+    ``dasktune.train.forkserver`` on, and only CPU ranks (see the notes on CUDA)."""
+    return not gpus and sys.platform.startswith("linux") and \
+        bool(_dask_config.get("train.forkserver"))
+
+
+def for_this_process(gpus: bool = False) -> ForkServer | None:
+    """This process's fork server for ranks given GPUs or not, started on first use
+    (None where ranks get none: see :func:`enabled`)."""
     global _server
-    if not sys.platform.startswith("linux") or not _dask_config.get("train.forkserver"):
+    if not enabled(gpus):
         return None
     with _lock:
         if _server is not None and not _server.alive():
@@ -179,10 +186,11 @@ async def warm() -> None:
     for_this_process()
 
 
-def warm_cluster(client: Any) -> None:
-    """Have every worker start its fork server now, without waiting: a trainer calls it
-    first thing, and by the time its ranks start the imports are done or under way."""
-    if sys.platform.startswith("linux") and _dask_config.get("train.forkserver"):
+def warm_cluster(client: Any, gpus: bool = False) -> None:
+    """Have every worker start its fork server now, without waiting, for a trainer whose
+    ranks are forked (see :func:`enabled`): it calls this first thing, and by the time
+    its ranks start the imports are done or under way."""
+    if enabled(gpus):
         with contextlib.suppress(Exception):  # an optimisation: ranks start their own anyway
             client.run(warm, wait=False)
 
@@ -203,7 +211,7 @@ def serve(listen_fd: str, lifeline_fd: str, preload: str) -> None:
                            "themselves", name, exc_info=True)
     clients: dict[Connection, int | None] = {}  # connection -> the pid it started
     while True:
-        ready = _wait([listener, lifeline, *clients])
+        ready = wait([listener, lifeline, *clients], timeout=_REAP_S)
         if lifeline in ready:  # the worker is gone: so are its ranks
             for pid in clients.values():
                 if pid is not None:
@@ -222,7 +230,7 @@ def serve(listen_fd: str, lifeline_fd: str, preload: str) -> None:
                 del clients[conn]
                 conn.close()
             if msg[0] == "start" and pid is None:
-                pid = _fork(msg, listener, lifeline, clients, conn)
+                pid = _fork(msg, listener, lifeline, clients)
                 clients[conn] = pid
                 with contextlib.suppress(OSError):
                     conn.send(("pid", pid))
@@ -230,12 +238,6 @@ def serve(listen_fd: str, lifeline_fd: str, preload: str) -> None:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
         _reap(clients)
-
-
-def _wait(objects: list[Any]) -> list[Any]:
-    fds = {(o if isinstance(o, int) else o.fileno()): o for o in objects}
-    ready, _, _ = select.select(list(fds), [], [], _REAP_S)
-    return [fds[fd] for fd in ready]
 
 
 def _reap(clients: dict[Connection, int | None]) -> None:
@@ -257,7 +259,7 @@ def _reap(clients: dict[Connection, int | None]) -> None:
 
 
 def _fork(msg: tuple[Any, ...], listener: socket.socket, lifeline: int,
-          clients: dict[Connection, int | None], conn: Connection) -> int:
+          clients: dict[Connection, int | None]) -> int:
     _, entry, args, env, cwd = msg
     server = os.getpid()
     pid = os.fork()
@@ -287,7 +289,4 @@ def _fork(msg: tuple[Any, ...], listener: socket.socket, lifeline: int,
     except BaseException:  # noqa: BLE001 - the child must never return into the server
         traceback.print_exc()
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(code)
+        isolation.exit_now(code)

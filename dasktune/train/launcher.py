@@ -70,7 +70,7 @@ def _start(controller: tuple[str, int], authkey: bytes, rank: int,
     the server is off or failed) a fresh interpreter. Either way it dies with its parent
     (its last argument)."""
     args = [controller[0], str(controller[1]), authkey.hex(), str(rank)]
-    server = None if gpus else forkserver.for_this_process()
+    server = forkserver.for_this_process(gpus)
     if server is not None:
         try:
             return server.start(_ENTRY, [*args, str(server.pid)], env)

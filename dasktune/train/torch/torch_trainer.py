@@ -110,9 +110,8 @@ class TorchTrainer:
         def train_driver(config: dict[str, Any]) -> None:
             trainer._controller(current_session(), forward=True).run()
 
-        if not self.scaling_config.uses_gpu:
-            # The workers import torch for the CPU ranks while the experiment starts.
-            forkserver.warm_cluster(runtime.get_client()[0])
+        # The workers import torch for the ranks while the experiment starts.
+        forkserver.warm_cluster(runtime.get_client()[0], gpus=self.scaling_config.uses_gpu)
         ship_by_value(self.train_loop_per_worker)  # the driver ships it inside itself
         rc = self.run_config
         run_config = dataclasses.replace(
