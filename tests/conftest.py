@@ -36,6 +36,16 @@ def wait_for(predicate: Callable[[], object], timeout: float = 30.0, interval: f
         time.sleep(interval)
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, dead and waiting for its reaper, does not)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 @contextlib.contextmanager
 def driver_life(script: Path, args: list[str], logfile: Path,
                 env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:

@@ -13,7 +13,7 @@ import textwrap
 import psutil
 import pytest
 
-from tests.conftest import wait_for
+from tests.conftest import pid_alive, wait_for
 
 DRIVER = textwrap.dedent("""
     import argparse, time
@@ -93,13 +93,6 @@ def _state(env, name):
         return path, json.load(f)
 
 
-def _alive(pid):
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def test_up_status_submit_kill_down(env, tmp_path):
     name = "e2e"
     script = tmp_path / "driver.py"
@@ -111,7 +104,7 @@ def test_up_status_submit_kill_down(env, tmp_path):
         path, state = _state(env, name)
         # The scheduler; its pool owns the workers (and replaces them, below).
         pids = [p["pid"] for p in state["processes"]] + _pool_pids(env, name)
-        assert len(pids) == 3 and all(_alive(p) for p in pids)
+        assert len(pids) == 3 and all(pid_alive(p) for p in pids)
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
 
         r = _cli(env, "status", "cluster/local.yaml", "-n", name)
@@ -136,7 +129,7 @@ def test_up_status_submit_kill_down(env, tmp_path):
         wait_for(lambda: "done (1/16)" in logs(), timeout=30, what="the first trial")
         r = _cli(env, "kill-random-worker", "cluster/local.yaml", "-n", name, "--hard")
         killed = int(r.stdout.split("PID ")[1].rstrip(")\n"))
-        assert killed in pids and not _alive(killed)
+        assert killed in pids and not pid_alive(killed)
 
         # min_workers holds: a replacement starts without a second `up` (as Ray's
         # autoscaler replaces a lost node).
@@ -153,7 +146,7 @@ def test_up_status_submit_kill_down(env, tmp_path):
         assert "workers:   2" in r.stdout and "finished" in r.stdout
 
         _cli(env, "down", "cluster/local.yaml", "-y", "-n", name)
-        assert [p for p in pids if _alive(p)] == []
+        assert [p for p in pids if pid_alive(p)] == []
         assert not os.path.exists(path)
         assert not os.path.exists(os.path.dirname(job["log"]))  # logs gone with the cluster
         r = _cli(env, "status", "cluster/local.yaml", "-n", name, check=False)
@@ -161,7 +154,7 @@ def test_up_status_submit_kill_down(env, tmp_path):
         assert "Traceback" not in r.stderr
     finally:
         for pid in pids:  # only what this test started
-            if _alive(pid):
+            if pid_alive(pid):
                 psutil.Process(pid).kill()
 
 
@@ -201,7 +194,7 @@ def test_status_lists_running_then_finished_experiments(env, tmp_path):
         assert "errors: 0" in _cli(env, "logs", str(cfg), "-n", name).stdout
     finally:
         _cli(env, "down", str(cfg), "-y", "-n", name, check=False)
-        assert [p for p in pids if _alive(p)] == []
+        assert [p for p in pids if pid_alive(p)] == []
 
 
 ADAPTIVE_TUNER = TUNER.replace('grid_search([1, 2])', 'grid_search([1, 2, 3])').replace(
@@ -282,7 +275,7 @@ def _grow_then_shrink(env, tmp_path, name, script_text, script_args, running, fi
         assert "workers joined 1/1" in r.stderr
         pids |= {p["pid"] for p in _state(env, name)[1]["processes"]}
         pids |= set(_pool_pids(env, name))
-        assert len(pids) == 2 and all(_alive(p) for p in pids)  # scheduler + min_workers
+        assert len(pids) == 2 and all(pid_alive(p) for p in pids)  # scheduler + min_workers
         _cli(env, "submit", str(cfg), str(script), "-n", name, "--detach", "--",
              "--go", str(go), *script_args)
         pids |= {j["pid"] for j in _state(env, name)[1]["jobs"]}
@@ -300,16 +293,16 @@ def _grow_then_shrink(env, tmp_path, name, script_text, script_args, running, fi
         # The pool's workers are on record for chaos too, and the pool replaces them.
         r = _cli(env, "kill-random-worker", str(cfg), "-n", name, "--hard")
         killed = int(r.stdout.split("PID ")[1].rstrip(")\n"))
-        assert killed in pids and not _alive(killed)
+        assert killed in pids and not pid_alive(killed)
         wait_for(lambda: (lambda new: new and not new & {killed})(set(_pool_pids(env, name)))
                  and "workers:   1" in status(), timeout=60, what="a replacement worker")
         _cli(env, "down", str(cfg), "-y", "-n", name)
-        assert [p for p in pids if _alive(p)] == []
+        assert [p for p in pids if pid_alive(p)] == []
         return _cli(env, "status", str(cfg), "-n", name, check=False)
     finally:
         _cli(env, "down", str(cfg), "-y", "-n", name, check=False)
         for pid in pids:  # only what this test started
-            if _alive(pid):
+            if pid_alive(pid):
                 psutil.Process(pid).kill()
 
 
@@ -385,7 +378,7 @@ def test_graceful_retire_exec_rsync(env, tmp_path):
         assert r.stdout.startswith("http://127.0.0.1:")
     finally:
         _cli(env, "down", "cluster/local.yaml", "-y", "-n", name, check=False)
-        assert [p for p in pids if _alive(p)] == []
+        assert [p for p in pids if pid_alive(p)] == []
 
 
 def test_rsync_down_copies_from_a_uri(env, tmp_path):
@@ -442,7 +435,7 @@ def test_tls_cluster_through_the_cli(env, tmp_path):
         assert "sum 3" in r.stdout
     finally:
         _cli(env, "down", str(cfg), "-y", "-n", "tls", check=False)
-        assert [p for p in pids if _alive(p)] == []
+        assert [p for p in pids if pid_alive(p)] == []
 
 
 def test_submit_start_stop_detached_leaves_nothing(env, tmp_path):
@@ -462,11 +455,11 @@ def test_submit_start_stop_detached_leaves_nothing(env, tmp_path):
             env, "logs", str(cfg), "-n", "once").stdout, timeout=30, what="the job's output")
         go.write_text("")  # the job may end now that we know its PIDs
         wait_for(lambda: not os.path.exists(path), timeout=30, what="the job's own down")
-        wait_for(lambda: not any(_alive(p) for p in pids), timeout=10, what="no process left")
+        wait_for(lambda: not any(pid_alive(p) for p in pids), timeout=10, what="no process left")
         assert not os.path.exists(os.path.dirname(state["jobs"][0]["log"]))
     finally:
         for pid in pids:
-            if _alive(pid):
+            if pid_alive(pid):
                 psutil.Process(pid).kill()
 
 
@@ -490,19 +483,19 @@ def test_restart_only_keeps_detached_jobs_for_down(env, tmp_path):
         assert "restarting the Dask processes" in r.stderr and "workers joined 1/1" in r.stderr
         after = _state(env, "rs")[1]
         pids += [p["pid"] for p in after["processes"]]
-        assert not any(_alive(p["pid"]) for p in before["processes"])  # really restarted
+        assert not any(pid_alive(p["pid"]) for p in before["processes"])  # really restarted
         assert after["scheduler_address"] != before["scheduler_address"]
-        assert [j["job"] for j in after["jobs"]] == [job["job"]] and _alive(job["pid"])
+        assert [j["job"] for j in after["jobs"]] == [job["job"]] and pid_alive(job["pid"])
         assert "job started" in _cli(env, "logs", str(cfg), "-n", "rs", job["job"]).stdout
         r = _cli(env, "status", str(cfg), "-n", "rs")
         assert f"{job['job']} running" in r.stdout
 
         _cli(env, "down", str(cfg), "-y", "-n", "rs")
-        assert [p for p in pids if _alive(p)] == []
+        assert [p for p in pids if pid_alive(p)] == []
         assert not os.path.exists(path)
     finally:
         for pid in pids:
-            if _alive(pid):
+            if pid_alive(pid):
                 psutil.Process(pid).kill()
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import dask.config
 import pytest
-from conftest import wait_for
+from conftest import pid_alive, wait_for
 
 from dasktune.train import forkserver
 from dasktune.train.forkserver import ForkServer
@@ -38,14 +38,6 @@ def child(out: str, mode: str) -> None:
         raise ValueError("boom")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def _record(path: Any) -> dict[str, Any]:
     return wait_for(lambda: json.loads(path.read_text()) if path.exists() and
                     path.read_text() else None, timeout=60, what=f"{path} written")
@@ -57,7 +49,7 @@ def server():
     s = ForkServer(["json.tool", "no_such_module_anywhere"])
     yield s
     s.close()
-    assert not _alive(s.pid)
+    assert not pid_alive(s.pid)
 
 
 def test_a_forked_process_gets_its_own_environment_and_exit_code(server, tmp_path,
@@ -83,13 +75,13 @@ def test_kill_and_a_closed_connection_end_the_process(server, tmp_path):
     assert a.poll() is None
     a.kill()
     assert a.wait(30) == -signal.SIGKILL
-    assert not _alive(pid_a)
+    assert not pid_alive(pid_a)
     # The launcher holding the handle (its connection) goes away: the server kills the
     # process.
     b = server.start(ENTRY, [str(tmp_path / "b.json"), "sleep"], {})
     pid_b = _record(tmp_path / "b.json")["pid"]
     del b  # its connection closes with it
-    wait_for(lambda: not _alive(pid_b), timeout=30, what="the orphaned process killed")
+    wait_for(lambda: not pid_alive(pid_b), timeout=30, what="the orphaned process killed")
 
 
 def test_processes_die_with_the_server_and_with_its_worker(tmp_path):
@@ -99,7 +91,7 @@ def test_processes_die_with_the_server_and_with_its_worker(tmp_path):
     pid = _record(tmp_path / "c.json")["pid"]
     os.kill(s.pid, signal.SIGKILL)
     assert proc.wait(30) == -signal.SIGKILL
-    wait_for(lambda: not _alive(pid), timeout=30, what="the server's child killed")
+    wait_for(lambda: not pid_alive(pid), timeout=30, what="the server's child killed")
     s.close()
     # The worker closes its end of the lifeline (as its death does): the server kills
     # its children and exits.
@@ -107,8 +99,8 @@ def test_processes_die_with_the_server_and_with_its_worker(tmp_path):
     proc = s.start(ENTRY, [str(tmp_path / "d.json"), "sleep"], {})  # held: see above
     pid = _record(tmp_path / "d.json")["pid"]
     s.close()
-    assert not _alive(s.pid)
-    wait_for(lambda: not _alive(pid), timeout=30, what="the child of the closed server")
+    assert not pid_alive(s.pid)
+    wait_for(lambda: not pid_alive(pid), timeout=30, what="the child of the closed server")
     assert proc.wait(30) == -signal.SIGKILL
 
 

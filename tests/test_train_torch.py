@@ -18,7 +18,7 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import read_jsonl, wait_for
+from conftest import pid_alive, read_jsonl, wait_for
 
 import dasktune as tune
 from dasktune import train
@@ -142,15 +142,6 @@ def test_with_the_fork_server_off_each_rank_is_a_fresh_child_of_its_worker(
 
 
 # ------------------------------------------------------------------------------ chaos
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, dead and waiting for its reaper, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-
-
 def _commits(trial_dir: str) -> list[tuple[float, int]]:
     """(commit time, step) of each committed checkpoint of the trial."""
     out = []
@@ -230,7 +221,7 @@ def test_sigkill_of_a_rank_worker_restarts_the_group_from_the_newest_checkpoint(
     # No rank process left anywhere.
     # Every rank process, and the killed worker's fork server, are gone.
     pids = [r["pid"] for r in starts] + [rank1["parent_pid"]]
-    wait_for(lambda: not any(_alive(p) for p in pids), timeout=30,
+    wait_for(lambda: not any(pid_alive(p) for p in pids), timeout=30,
              what=f"every rank process and the lost worker's fork server to exit ({pids})")
 
 
@@ -427,7 +418,7 @@ def test_retiring_a_rank_worker_checkpoints_first_and_restarts_the_group_on_a_fr
         ran = [r["step"] for r in read_jsonl(str(d / "steps.jsonl")) if r["rank"] == rank]
         assert ran[-(steps - noticed_at):] == list(range(noticed_at + 1, steps + 1))
     pids = [r["pid"] for r in starts]
-    wait_for(lambda: not any(_alive(p) for p in pids), timeout=30,
+    wait_for(lambda: not any(pid_alive(p) for p in pids), timeout=30,
              what=f"every rank process to exit ({pids})")
 
 
