@@ -9,7 +9,9 @@ installed), the same loop in the same run, on CPU.
     ``--report-every`` steps, 1 by default; plain torch sends the same metrics to its
     parent through a queue).
 
-Prints each figure and the ratios dasktune/plain and dasktune/Ray (lower is better).
+Prints each figure and the ratios dasktune/plain and dasktune/Ray (lower is better), and
+the CPU dasktune spends outside the ranks per step: on a host whose cores the ranks fill,
+that CPU is what slows them.
 The targets (issue 23): per-step overhead <= 5% over plain torch; first report >= 5x
 sooner than Ray's.
 
@@ -99,18 +101,69 @@ def _dasktune_loop(config: dict[str, Any]) -> None:
     _model_loop(config, train.report)
 
 
+def _outside_ranks() -> list[Any]:
+    """This process (the driver and the scheduler) and its other live children (Dask's
+    nannies and workers): all but the fork servers and the ranks they fork."""
+    import psutil
+
+    out = []
+    for proc in [psutil.Process(), *psutil.Process().children(recursive=True)]:
+        try:
+            if not any("dasktune.train.forkserver:serve" in p.cmdline()
+                       for p in [proc, *proc.parents()]):
+                out.append(proc)
+        except psutil.Error:  # gone, or a zombie (a plain torch rank not yet reaped)
+            continue
+    return out
+
+
+def _cpu_seconds(procs: list[Any]) -> float:
+    total = 0.0
+    for proc in procs:
+        times = proc.cpu_times()
+        total += times.user + times.system
+    return total
+
+
 def run_dasktune(world: int, steps: int, every: int, storage: str
-                 ) -> tuple[float, list[dict[str, Any]]]:
+                 ) -> tuple[float, list[dict[str, Any]], float | None]:
+    """The first report's delay, the reports, and the CPU seconds per step spent outside
+    the ranks (the driver, the scheduler, the workers) while the steps run (None for a
+    run too short to tell)."""
+    import threading
+
     from dasktune import train
     from dasktune.train.torch import TorchTrainer
 
+    procs = _outside_ranks()  # they outlive the fit
+    samples: list[tuple[float, float]] = []
+    fitting = threading.Event()
+
+    def sample() -> None:  # a few /proc reads a time: no CPU worth counting
+        while not fitting.wait(0.2):
+            samples.append((time.time(), _cpu_seconds(procs)))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     t0 = time.time()
-    result = TorchTrainer(
-        _dasktune_loop, train_loop_config={"steps": steps, "every": every},
-        scaling_config=train.ScalingConfig(num_workers=world),
-        run_config=train.RunConfig(storage_path=storage, verbose=0)).fit()
+    try:
+        result = TorchTrainer(
+            _dasktune_loop, train_loop_config={"steps": steps, "every": every},
+            scaling_config=train.ScalingConfig(num_workers=world),
+            run_config=train.RunConfig(storage_path=storage, verbose=0)).fit()
+    finally:
+        fitting.set()
+        sampler.join()
     rows = result.metrics_dataframe.to_dict("records")
-    return min(r["t"] for r in rows) - t0, rows
+    times = sorted(r["t"] for r in rows)
+    # The samples taken while the ranks stepped (past the first reports, before the end).
+    inside = [(t, cpu) for t, cpu in samples if times[0] + 0.5 < t < times[-1]]
+    cpu = None
+    if len(inside) >= 2:
+        (ta, a), (tb, b) = inside[0], inside[-1]
+        stepped = every * sum(ta <= t < tb for t in times)
+        cpu = (b - a) / max(stepped, 1)
+    return times[0] - t0, rows, cpu
 
 
 # ---------------------------------------------------------------------------- ray
@@ -158,13 +211,16 @@ def main() -> None:
     # One slot per worker process, as many processes as ranks (the head takes no CPU).
     dasktune.init(num_cpus=args.workers, dashboard_address="127.0.0.1:0")
     figures: dict[str, list[tuple[float, float]]] = {"plain": [], "dasktune": [], "ray": []}
+    cpus: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.repeat):  # alternating, so load drifts hit both alike
             first, rows = run_plain(args.workers, args.steps, every)
             figures["plain"].append((first, _step_times(rows, warmup, every)))
-            first, rows = run_dasktune(args.workers, args.steps, every,
-                                       os.path.join(tmp, "dt"))
+            first, rows, cpu = run_dasktune(args.workers, args.steps, every,
+                                            os.path.join(tmp, "dt"))
             figures["dasktune"].append((first, _step_times(rows, warmup, every)))
+            if cpu is not None:
+                cpus.append(cpu)
         dasktune.shutdown()
         if has_ray:
             import ray
@@ -185,6 +241,10 @@ def main() -> None:
     print(f"{'':10} {'first report: 1st run (s)':>26} {'best (s)':>9} {'per step (ms)':>14}")
     for name, (cold, first, step) in best.items():
         print(f"{name:10} {cold:26.2f} {first:9.2f} {step * 1e3:14.2f}")
+    if cpus:
+        print(f"dasktune's CPU outside the ranks (driver, scheduler, workers) while the "
+              f"ranks step: {statistics.median(cpus) * 1e3:.3f} ms per step (median of "
+              f"{len(cpus)})")
     for ref in ("plain", "ray"):
         if ref not in best:
             print(f"{ref}: not installed, not measured")

@@ -1,15 +1,19 @@
 """``dasktune.train``'s public surface without a cluster: Ray Train V2's names and
-defaults, clear errors for bad input, and the staged checkpoint commit."""
+defaults, clear errors for bad input, the staged checkpoint commit, and how a rank
+batches its reports."""
 
 from __future__ import annotations
 
 import os
+import threading
+import time
 
 import pytest
 
 from dasktune import train
 from dasktune.integration.ray_train import TuneReportCallback
 from dasktune.storage import ExperimentStorage
+from dasktune.train.context import RankInfo, RankSession
 from dasktune.train.torch import TorchConfig, TorchTrainer
 
 
@@ -80,3 +84,69 @@ def test_checkpoint_staged_by_several_ranks_commits_once_with_every_file(tmp_pat
     # The next one takes the next name, as a single-worker trial's would.
     os.makedirs(staged)
     assert storage.commit_staged(staged, trial, 0, {}).endswith("checkpoint_000001")
+
+
+# ------------------------------------------------------------------- report batches
+class _Recorder:
+    """A rank's connection to its controller that keeps what is sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple] = []
+        self.cond = threading.Condition()
+
+    def send(self, obj: tuple) -> None:
+        with self.cond:
+            self.sent.append(obj)
+            self.cond.notify_all()
+
+    def wait(self, n: int, timeout: float = 10.0) -> list[tuple]:
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.sent) >= n, timeout), self.sent
+            return list(self.sent)
+
+
+def _rank_session(tmp_path, rank: int, interval: float) -> tuple[RankSession, _Recorder]:
+    info = RankInfo(world_rank=rank, world_size=2, local_rank=rank, local_world_size=2,
+                    node_rank=0, trial_id="t", trial_name="t", experiment_name="exp",
+                    storage=ExperimentStorage(str(tmp_path), "exp"), trial_path=str(tmp_path),
+                    group="a1r1", checkpoint_path=None, use_gpu=False, backend="gloo",
+                    timeout_s=60.0, report_interval_s=interval)
+    conn = _Recorder()
+    return RankSession(info, conn), conn
+
+
+def test_reports_without_checkpoint_leave_in_one_batch_after_the_interval(tmp_path):
+    session, conn = _rank_session(tmp_path, rank=0, interval=0.3)
+    started = time.monotonic()
+    for i in range(5):
+        session.report({"i": i})
+    assert conn.sent == []  # held back: one message for the batch, not one per report
+    (message,) = conn.wait(1)
+    assert time.monotonic() - started >= 0.3
+    assert message == ("report", [(i, {"i": i}, False) for i in range(5)])
+    # Another rank says only how far it is; its metrics are not results.
+    other, other_conn = _rank_session(tmp_path, rank=1, interval=0.3)
+    other.report({"i": 0})
+    assert other_conn.wait(1) == [("report", [(0, None, False)])]
+
+
+def test_any_other_message_sends_the_batch_first_and_a_barrier_gets_reports_at_once(
+        tmp_path):
+    session, conn = _rank_session(tmp_path, rank=1, interval=60.0)
+    session.report({"i": 0})
+    session.report({"i": 1})
+    session.send(("done", None))  # the end of the loop: nothing reported is left behind
+    assert conn.sent == [("report", [(0, None, False), (1, None, False)]), ("done", None)]
+    # The controller waits at index 3 for this rank (another rank's checkpoint): the
+    # batch goes now, and so does each report up to index 3, then batching resumes.
+    session.report({"i": 2})
+    session.send_through(3)
+    session.report({"i": 3})
+    session.report({"i": 4})
+    assert conn.sent[2:] == [("report", [(2, None, False)]), ("report", [(3, None, False)])]
+
+
+def test_report_interval_zero_sends_each_report_as_it_is_made(tmp_path):
+    session, conn = _rank_session(tmp_path, rank=0, interval=0.0)
+    session.report({"i": 0})
+    assert conn.sent == [("report", [(0, {"i": 0}, False)])]

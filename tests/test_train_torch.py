@@ -141,6 +141,42 @@ def test_with_the_fork_server_off_each_rank_is_a_fresh_child_of_its_worker(
                psutil.Process(r["worker_pid"]).ppid() in worker_pids for r in ranks)
 
 
+def rank0_checkpoint_loop(config: dict[str, Any]) -> None:
+    """Rank 0 checkpoints every step; the other rank only reports (Ray's usual shape).
+    A collective each step, as DDP's gradients: no rank runs ahead of the others."""
+    import torch.distributed as dist
+
+    rank = train.get_context().get_world_rank()
+    for step in range(1, config["steps"] + 1):
+        dist.barrier()
+        with tempfile.TemporaryDirectory() as tmp:
+            checkpoint = None
+            if rank == 0:
+                with open(os.path.join(tmp, "step.json"), "w") as f:
+                    json.dump({"step": step}, f)
+                checkpoint = train.Checkpoint.from_directory(tmp)
+            train.report({"step": step}, checkpoint=checkpoint)
+
+
+def test_a_checkpoint_does_not_wait_out_the_other_ranks_report_batches(
+        dask_processes, connect, tmp_path):
+    # Rank 1's reports may wait 90 s in its batch: each of rank 0's checkpoints (a
+    # barrier over both ranks' reports) would wait that long, unless the controller asks
+    # rank 1 to send its reports at once.
+    procs = dask_processes(n_workers=2, nthreads=1, resources="CPU=1",
+                           env={"DASK_DASKTUNE__TRAIN__REPORT_INTERVAL": "90s"})
+    connect(procs.address)
+    started = time.monotonic()
+    result = TorchTrainer(
+        rank0_checkpoint_loop, train_loop_config={"steps": 5},
+        scaling_config=train.ScalingConfig(num_workers=2),
+        run_config=train.RunConfig(storage_path=str(tmp_path / "results"))).fit()
+    assert time.monotonic() - started < 90
+    assert result.error is None
+    assert list(result.metrics_dataframe["step"]) == [1, 2, 3, 4, 5]
+    assert [step for _, step in _commits(result.path)] == [1, 2, 3, 4, 5]
+
+
 # ------------------------------------------------------------------------------ chaos
 def _commits(trial_dir: str) -> list[tuple[float, int]]:
     """(commit time, step) of each committed checkpoint of the trial."""

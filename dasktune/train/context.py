@@ -8,15 +8,22 @@ where the trial's files go, and the connection to the trial's controller.
 uploads its files into the report's staged folder in the trial's storage, tells the
 controller and waits; once all ranks have reported that index the controller commits
 the staged folder once and answers each rank with the committed checkpoint, and
-``report`` returns. A report without a checkpoint does not wait (the controller takes
-them in order). ``get_preemption_info`` is a barrier too, so every rank gets the same
-notice for the same call.
+``report`` returns. A report without a checkpoint does not wait: it joins the rank's
+batch, which a thread sends ``RankInfo.report_interval_s`` after its first report (the
+controller takes the reports in order). A batch per step would wake the controller's
+worker twice a step, and on a busy host each wake-up delays a rank's collective. A
+checkpoint report sends the batch ahead of it, and the controller asks the other ranks
+to send theirs at once (``flush``) when they are what the barrier waits for.
+``get_preemption_info`` is a barrier too, so every rank gets the same notice for the
+same call.
 """
 
 from __future__ import annotations
 
 import posixpath
 import queue
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -71,10 +78,12 @@ class RankInfo:
     use_gpu: bool
     backend: str
     timeout_s: float
+    report_interval_s: float = 0.0  # how long a report without checkpoint may wait
 
 
 class RankSession:
-    """One rank's view of its trial; reports travel over ``conn`` to the controller."""
+    """One rank's view of its trial; reports travel over ``conn`` to the controller, as
+    ``("report", [(index, metrics, has_checkpoint), ...])`` batches in index order."""
 
     def __init__(self, info: RankInfo, conn: Any):
         self.info = info
@@ -86,10 +95,19 @@ class RankSession:
         self._asks = 0  # get_preemption_info calls so far
         self.checkpoint: Checkpoint | None = (
             Checkpoint(info.checkpoint_path, info.storage.fs) if info.checkpoint_path else None)
+        # The batch and every send share one lock, so messages leave in order.
+        self._lock = threading.Condition()
+        self._batch: list[tuple[int, dict[str, Any] | None, bool]] = []
+        self._batch_since = 0.0
+        self._urgent = -1  # a barrier waits for this rank's reports up to this index
+        self._sender: threading.Thread | None = None
 
     def send(self, message: tuple[Any, ...]) -> None:
-        """A message to the controller (``conn`` takes sends from several threads)."""
-        self._conn.send(message)
+        """A message to the controller, after the reports batched so far (user threads
+        may report, so sends come from several threads)."""
+        with self._lock:
+            self._send_batch()
+            self._conn.send(message)
 
     def report(self, metrics: dict[str, Any], checkpoint: Checkpoint | None = None) -> None:
         """As :func:`report`, for this rank."""
@@ -98,18 +116,17 @@ class RankSession:
                             f"{type(metrics).__name__}")
         index, self._next = self._next, self._next + 1
         if checkpoint is None:
-            # No wait: the controller takes reports in order; a rank waits only where it
-            # must, for a checkpoint to be committed (a round trip through the controller
-            # every step would cost more than a small model's step). Only rank 0's
-            # metrics become results: the others say how far they are, nothing more.
-            self.send(("report", index, metrics if self.info.world_rank == 0 else None,
-                       False))
+            # No wait: a rank waits only where it must, for a checkpoint to be committed
+            # (a round trip through the controller every step would cost more than a
+            # small model's step). Only rank 0's metrics become results: the others say
+            # how far they are, nothing more.
+            self._add((index, metrics if self.info.world_rank == 0 else None, False))
             return
         staged = posixpath.join(self.info.trial_path, staged_dir_name(self.info.group, index))
         with checkpoint.as_directory() as local:
             self.info.storage.stage_files(local, staged)
         self._waiting = index
-        self.send(("report", index, metrics, True))
+        self._add((index, metrics, True), now=True)
         acked, path = self.acks.get()  # once every rank reported it and it is committed
         if acked != index:
             raise RuntimeError(f"train.report: rank {self.info.world_rank} reported #{index} "
@@ -117,6 +134,47 @@ class RankSession:
                                "train.report the same number of times")
         if path:
             self.checkpoint = Checkpoint(path, self.info.storage.fs)
+
+    def send_through(self, index: int) -> None:
+        """The controller's barrier at ``index`` waits for this rank: send the batch now,
+        and each report up to ``index`` as it comes (the watcher thread calls it)."""
+        with self._lock:
+            self._urgent = max(self._urgent, index)
+            self._send_batch()
+
+    def _add(self, item: tuple[int, dict[str, Any] | None, bool], now: bool = False) -> None:
+        with self._lock:
+            self._batch.append(item)
+            if now or item[0] <= self._urgent or self.info.report_interval_s <= 0:
+                self._send_batch()
+            elif len(self._batch) == 1:
+                self._batch_since = time.monotonic()
+                if self._sender is None:
+                    self._sender = threading.Thread(target=self._send_batches, daemon=True,
+                                                    name="dasktune-train-reports")
+                    self._sender.start()
+                self._lock.notify()
+
+    def _send_batch(self) -> None:
+        """Send the batch (the lock held)."""
+        if self._batch:
+            batch, self._batch = self._batch, []
+            self._conn.send(("report", batch))
+
+    def _send_batches(self) -> None:
+        """The sender thread: each batch ``report_interval_s`` after its first report."""
+        with self._lock:
+            while True:
+                self._lock.wait_for(lambda: bool(self._batch))
+                while self._batch:
+                    left = self._batch_since + self.info.report_interval_s - time.monotonic()
+                    if left <= 0:
+                        try:
+                            self._send_batch()
+                        except OSError:
+                            return  # the controller is gone: the watcher ends the process
+                    else:
+                        self._lock.wait(left)
 
     def on_ack(self, index: int, path: str | None) -> None:
         """The controller handled report ``index`` of every rank (the watcher thread

@@ -76,6 +76,10 @@ class TrainController:
         self._gang: WorkerGang | None = None
         self._retiring_since: float | None = None  # when the gang's retirement was heard
         self._evacuate_s = _dask_config.get_seconds("executor.evacuate-timeout")
+        self.report_interval_s = _dask_config.get_seconds("train.report-interval")
+        if self.report_interval_s < 0:
+            raise ValueError(f"dasktune.train.report-interval must be >= 0, got "
+                             f"{self.report_interval_s:g}s")
         if not forward and session.spec.trial_id not in _WARNED_NO_CALLBACK:
             _WARNED_NO_CALLBACK.add(session.spec.trial_id)
             warnings.warn(
@@ -140,7 +144,7 @@ class TrainController:
                         storage=spec.storage, trial_path=spec.trial_path, group=group_id,
                         checkpoint_path=self._checkpoint_path(),
                         use_gpu=self.scaling.uses_gpu, backend=self.backend,
-                        timeout_s=self.timeout_s)
+                        timeout_s=self.timeout_s, report_interval_s=self.report_interval_s)
         group_spec = GroupSpec(loop=self.loop_blob, loop_config=self.loop_config, info=info,
                                listen_host=node_ip(self.session.worker_address))
         self._gang, self._retiring_since = gang, None

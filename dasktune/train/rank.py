@@ -38,7 +38,7 @@ def main(host: str, port: str, authkey: str, rank: str, parent_pid: str) -> None
     conn = Client((host, int(port)), authkey=bytes.fromhex(authkey))
     conn.send(("rank", int(rank), os.getpid()))
     info, loop_blob, loop_config = cloudpickle.loads(conn.recv_bytes())
-    session = RankSession(info, _LockedConnection(conn))
+    session = RankSession(info, _PicklingConnection(conn))
     context.bind(session)
     finishing = threading.Event()
     threading.Thread(target=_watch_controller, args=(conn, session, finishing), daemon=True,
@@ -63,17 +63,15 @@ def main(host: str, port: str, authkey: str, rank: str, parent_pid: str) -> None
     isolation.exit_now()  # the rank is over
 
 
-class _LockedConnection:
-    """The controller's connection for several sending threads (user threads report)."""
+class _PicklingConnection:
+    """The controller's connection, sending with cloudpickle (metrics may hold what
+    pickle cannot); the session serialises the sends."""
 
     def __init__(self, conn: Connection):
         self._conn = conn
-        self._lock = threading.Lock()
 
     def send(self, obj: Any) -> None:
-        data = cloudpickle.dumps(obj)
-        with self._lock:
-            self._conn.send_bytes(data)
+        self._conn.send_bytes(cloudpickle.dumps(obj))
 
 
 def _watch_controller(conn: Connection, session: RankSession,
@@ -86,6 +84,11 @@ def _watch_controller(conn: Connection, session: RankSession,
             os._exit(0 if finishing.is_set() else isolation.ORPHAN_EXIT)
         if msg[0] == "ack":
             session.on_ack(msg[1], msg[2])
+        elif msg[0] == "flush":
+            try:
+                session.send_through(msg[1])
+            except OSError:
+                pass  # the controller went: the next recv ends the process
         elif msg[0] == "notice":
             session.notices.put((msg[1], msg[2]))
         elif msg[0] == "kill":

@@ -7,7 +7,8 @@ connects, rank 0's bringing a free port on its host for ``MASTER_PORT``; once al
 there each starts its rank's process (:mod:`dasktune.train.rank`), which connects too
 and receives the loop and its :class:`~dasktune.train.context.RankInfo`.
 
-Reports: when every rank has reported index ``i``, ``on_report(i, metrics_of_rank_0,
+Reports come in batches (see :mod:`dasktune.train.context`). When every rank has
+reported index ``i``, ``on_report(i, metrics_of_rank_0,
 staged_folder_or_None)`` commits and forwards (the controller's job) and its answer --
 the committed checkpoint's path -- goes back to each rank that reported a checkpoint
 (only such a rank waits for it). When every rank has made its ``k``-th
@@ -173,6 +174,8 @@ class WorkerGroup:
         pending: dict[int, dict[int, tuple[dict[str, Any], bool]]] = {}
         asks: dict[int, set[int]] = {}  # get_preemption_info call -> ranks that made it
         done: set[int] = set()
+        reached: dict[int, int] = {}  # rank -> the last index it reported
+        flushed = -1  # the ranks were asked to send their reports up to this index
         conns = {conn: ("rank", r) for r, conn in self._ranks.items()}
         conns.update({conn: ("launcher", r) for r, conn in self._launchers.items()})
         while len(done) < self.n:
@@ -190,9 +193,15 @@ class WorkerGroup:
                                        f" ({self.workers[rank]}) was lost",
                                        lost=[self.workers[rank]]) from None
                 if msg[0] == "report":
-                    pending.setdefault(msg[1], {})[rank] = (msg[2], msg[3])
-                    if len(pending[msg[1]]) == self.n:
-                        self._commit(msg[1], pending.pop(msg[1]))
+                    for index, metrics, has_checkpoint in msg[1]:
+                        reached[rank] = index
+                        pending.setdefault(index, {})[rank] = (metrics, has_checkpoint)
+                        if has_checkpoint and index > flushed:
+                            # The barrier waits for the others' batched reports.
+                            flushed = index
+                            self._ask_flush(index, reached, done)
+                        if len(pending[index]) == self.n:
+                            self._commit(index, pending.pop(index))
                 elif msg[0] == "notice?":
                     asks.setdefault(msg[1], set()).add(rank)
                     if len(asks[msg[1]]) == self.n:
@@ -222,6 +231,13 @@ class WorkerGroup:
                                        f"with code {msg[2]} before the loop ended",
                                        lost=[self.workers[rank]])
             self._check_health()
+
+    def _ask_flush(self, index: int, reached: dict[int, int], done: set[int]) -> None:
+        """Ask each rank not yet at ``index`` to send its batched reports through it."""
+        for rank, conn in self._ranks.items():
+            if rank not in done and reached.get(rank, -1) < index:
+                with contextlib.suppress(OSError):
+                    conn.send(("flush", index))
 
     def _commit(self, index: int, reports: dict[int, tuple[dict[str, Any], bool]]) -> None:
         staged = None
