@@ -114,7 +114,8 @@ class RankSession:
         if not isinstance(metrics, dict):
             raise TypeError(f"train.report: metrics must be a dict, got "
                             f"{type(metrics).__name__}")
-        index, self._next = self._next, self._next + 1
+        with self._lock:  # user threads may report too
+            index, self._next = self._next, self._next + 1
         if checkpoint is None:
             # No wait: a rank waits only where it must, for a checkpoint to be committed
             # (a round trip through the controller every step would cost more than a

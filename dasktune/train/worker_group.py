@@ -194,7 +194,7 @@ class WorkerGroup:
                                        lost=[self.workers[rank]]) from None
                 if msg[0] == "report":
                     for index, metrics, has_checkpoint in msg[1]:
-                        reached[rank] = index
+                        reached[rank] = max(index, reached.get(rank, -1))
                         pending.setdefault(index, {})[rank] = (metrics, has_checkpoint)
                         if has_checkpoint and index > flushed:
                             # The barrier waits for the others' batched reports.
