@@ -18,7 +18,7 @@ no one else's allocations count as ours. Timings then alternate dasktune and raw
 
 ``--s3-paths`` compares, on S3 only, the two ways dasktune could move checkpoint files:
 its own requests (``put_files``/``get_files``, which drive s3fs's ``_call_s3``) and
-s3fs's public ``put``/``get`` with the same bounds (:func:`dasktune.storage.transfer_kwargs`:
+s3fs's public ``put``/``get`` with the same bounds (:func:`dasktune.transfer.transfer_kwargs`:
 ``batch_size`` files, ``chunksize`` parts, ``max_concurrency``). Each path runs in a
 fresh process (memory first, then the best of ``--reps`` timings):
 
@@ -195,7 +195,7 @@ def bench_paths(storage: ExperimentStorage, n: int, size: int, work: str, reps: 
                 path: str) -> list[dict[str, float | str]]:
     """Upload and download one shape through ``path`` ("dasktune": put_files/get_files,
     or "public": s3fs's fs.put/fs.get with transfer_kwargs); RSS growth, then best time."""
-    from dasktune.storage import get_files, put_files, transfer_kwargs
+    from dasktune.transfer import get_files, put_files, transfer_kwargs
 
     fs = storage.fs
     src = make_files(work, n, size)

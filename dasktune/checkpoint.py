@@ -16,7 +16,8 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from dasktune import scratch
-from dasktune.storage import MANIFEST, download_folder, redact, retry
+from dasktune.storage import MANIFEST
+from dasktune.transfer import download_folder, redact, retry
 
 # Where set_metadata stores the user's metadata, as Ray 2.x names it.
 METADATA_FILE = ".metadata.json"

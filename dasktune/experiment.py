@@ -29,7 +29,14 @@ import cloudpickle
 from dasktune.driver.restore import Restoration, restore_trials
 from dasktune.results import ResultGrid
 from dasktune.stopper import Stopper
-from dasktune.storage import SEARCHER_STATE_FILE, STATE_FILE, TUNER_FILE, ExperimentStorage
+from dasktune.storage import (
+    SEARCHER_STATE_FILE,
+    STATE_FILE,
+    TUNER_FILE,
+    ExperimentStorage,
+    json_default,
+)
+from dasktune.transfer import scrub_options
 from dasktune.trial import FINISHED, Trial
 
 if TYPE_CHECKING:
@@ -61,8 +68,6 @@ class StateWriter:
         """``tuner.pkl``: what restore needs besides the trainable."""
         rc = self.run_config
         # The filesystem object may hold credentials: restore is given it again.
-        from dasktune.storage import scrub_options
-
         run_config = _replace(rc, storage_filesystem=None,
                               storage_options=scrub_options(rc.storage_options), callbacks=[
             cb for cb in (rc.callbacks or []) if _picklable(cb)])
@@ -170,8 +175,6 @@ _PLACEMENT_KEY = operator.attrgetter("end", "host", "outcome")
 
 
 def _dumps(obj: Any) -> str:
-    from dasktune.storage import json_default
-
     return json.dumps(obj, default=json_default, separators=(",", ":"))
 
 

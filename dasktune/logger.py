@@ -25,8 +25,10 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 
 from dasktune import _dask_config, _tfevents
+from dasktune.append_file import AppendFile
 from dasktune.callback import Callback
-from dasktune.storage import AppendFile, StorageError, json_default
+from dasktune.storage import json_default
+from dasktune.transfer import StorageError
 
 if TYPE_CHECKING:
     from dasktune.storage import ExperimentStorage

@@ -25,36 +25,38 @@ a directory without a manifest, which restore skips.
 An :class:`ExperimentStorage` pickles (fsspec filesystems do), so it travels to the
 workers with each trial: workers write checkpoints straight to storage.
 
-Over ~400 lines because it holds, besides the store, :class:`AppendFile` (the file the
-loggers append to, about 190 lines) and the transfer helpers, which share the retry,
-redaction and local-or-remote rules of this module: AppendFile can move out once those
-rules have a module of their own (it needs them, and the store builds AppendFiles).
+Every read and write goes through the rules of :mod:`dasktune.transfer` (retries,
+redaction, bounded-memory transfers); the result files are
+:class:`~dasktune.append_file.AppendFile`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import logging
 import os
 import posixpath
-import re
 import shutil
-import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
 import fsspec
-from fsspec.implementations.local import LocalFileSystem
 
-from dasktune import _dask_config
+from dasktune.append_file import AppendFile
 from dasktune.layout import checkpoint_dir_name, checkpoint_index
-from dasktune.s3_upload import is_s3, s3_put, transfer_setting
+from dasktune.transfer import (
+    StorageError,
+    as_fsspec,
+    download_folder,
+    is_local,
+    open_creating,
+    put_files,
+    redact,
+    retry,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -63,182 +65,6 @@ TRIAL_END_FILE = ".dasktune_trial_end.json"  # the trainable returned (see write
 STATE_FILE = "experiment_state.json"
 SEARCHER_STATE_FILE = "searcher-state.pkl"
 TUNER_FILE = "tuner.pkl"
-
-T = TypeVar("T")
-
-# Errors that say the request itself is wrong: retrying cannot help.
-_PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
-              FileExistsError, ValueError, TypeError)
-
-
-class StorageError(OSError):
-    """Storage stayed unreachable past the retry budget; the message names the URI."""
-
-
-def retry(fn: Callable[[], T], what: str, retries: int | None = None,
-          backoff: float | None = None) -> T:
-    """Run ``fn``, retrying transient errors (5xx, throttling, resets) with backoff."""
-    retries = int(_dask_config.get("storage.retries")) if retries is None else retries
-    backoff = _dask_config.get_seconds("storage.retry-backoff") if backoff is None else backoff
-    delay = backoff
-    for attempt in range(retries + 1):
-        try:
-            return fn()
-        except _PERMANENT:
-            raise
-        except Exception as exc:  # noqa: BLE001 - any transport error is worth a retry
-            if attempt == retries:
-                raise StorageError(
-                    f"storage unreachable for {what} after {retries + 1} tries: "
-                    f"{type(exc).__name__}: {redact(str(exc))}"
-                ) from None  # the raw error may carry credentials into error.txt
-            logger.warning("transient storage error on %s (%s); retrying in %.1fs",
-                           what, type(exc).__name__, delay)
-            time.sleep(delay)
-            delay = min(delay * 2, 30.0)
-    raise AssertionError("unreachable")
-
-
-_SECRET_RE = re.compile(r"(?i)(key|secret|token|password|credential|signature)[^=&]*=[^&\s]+")
-_BEARER_RE = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+")
-
-
-def redact(text: str) -> str:
-    """Strip credentials from a URI or message (``user:pass@``, ``key=...``, ``Bearer ...``)."""
-    text = re.sub(r"//[^/@\s]+@", "//", text)
-    text = _BEARER_RE.sub(lambda m: m.group(1) + " ***", text)
-    return _SECRET_RE.sub(lambda m: m.group(0).split("=")[0] + "=***", text)
-
-
-_SECRET_KEYS = re.compile(r"(?i)(secret|passw|token|credential|private_key|access_key|"
-                          r"account_key|api_?key|connection_string|session|signature|"
-                          r"authorization|cookie|^key$|^auth|^sas)")
-
-
-def scrub_options(options: Any) -> Any:
-    """A copy of ``storage_options`` without anything that looks like a credential.
-
-    For what is persisted (``tuner.pkl``, the experiment state): endpoints, regions
-    and timeouts stay; keys, secrets, tokens, passwords, sessions, connection strings
-    and ``Authorization`` headers are dropped, and strings lose ``user:pass@`` and
-    ``Bearer`` tokens, so a restore takes credentials from the usual places again.
-    """
-    if isinstance(options, dict):
-        return {k: scrub_options(v) for k, v in options.items()
-                if not (isinstance(k, str) and _SECRET_KEYS.search(k))}
-    if isinstance(options, (list, tuple)):
-        return type(options)(scrub_options(v) for v in options)
-    if isinstance(options, str):
-        return redact(options)
-    return options
-
-
-def transfer_kwargs(fs: fsspec.AbstractFileSystem, op: str) -> dict[str, Any]:
-    """Keyword arguments for ``fs.put``/``fs.get`` (``op``) that keep memory bounded.
-
-    Only what this filesystem understands is passed: ``batch_size`` to async stores,
-    ``chunksize``/``max_concurrency`` where their ``_put_file``/``_get_file`` take them.
-    """
-    import inspect
-
-    if op not in ("put", "get"):
-        raise ValueError(f"transfer_kwargs: op must be 'put' or 'get', got {op!r}")
-    if not getattr(fs, "async_impl", False):
-        return {}
-    conf = {k: transfer_setting(k) for k in ("files", "get-files", "parts", "part-size")}
-    # Downloads stream (64 KiB reads), so more files may be in flight than for uploads,
-    # which read a file (or a part) whole before sending it.
-    out: dict[str, Any] = {"batch_size": int(conf["files" if op == "put" else "get-files"])}
-    try:
-        params = inspect.signature(getattr(fs, f"_{op}_file")).parameters
-    except (AttributeError, TypeError, ValueError):
-        return out
-    if op == "put":
-        if "chunksize" in params:
-            out["chunksize"] = int(conf["part-size"])
-        if "max_concurrency" in params:
-            out["max_concurrency"] = int(conf["parts"])
-    elif "max_concurrency" in params:
-        # One streaming GET per file, written as it arrives (64 KiB reads): ranged
-        # parallel downloads buffer whole parts. Files still download in parallel.
-        out["max_concurrency"] = 1
-    return out
-
-
-def get_files(fs: fsspec.AbstractFileSystem, rpaths: list[str], lpaths: list[str]) -> None:
-    """Download ``rpaths`` to ``lpaths`` (parent folders must exist) with bounded memory:
-    ``fs.get`` with :func:`transfer_kwargs` (on S3, s3fs streams each file in 64 KiB
-    pieces and resumes a broken stream by range). No retry here: callers wrap it in
-    :func:`retry`."""
-    if rpaths:
-        fs.get(rpaths, lpaths, **transfer_kwargs(fs, "get"))
-
-
-def download_folder(fs: fsspec.AbstractFileSystem, remote: str, local: str, uri: str,
-                    skip: frozenset[str] = frozenset()) -> None:
-    """Copy the folder ``remote`` of ``fs`` into ``local`` with :func:`get_files`, leaving
-    out files named in ``skip``; ``uri`` names it in errors. Cached listings are dropped
-    first: another process may have written there."""
-    root = fs._strip_protocol(remote).rstrip("/")
-    with contextlib.suppress(Exception):  # a cache that cannot be cleared has none
-        fs.invalidate_cache(root)
-    found = retry(lambda: fs.find(root, detail=True), uri)
-    files = [f for f in found if posixpath.basename(f) not in skip]
-    lpaths = [os.path.join(local, *posixpath.relpath(fs._strip_protocol(f), root).split("/"))
-              for f in files]
-    for lp in lpaths:
-        os.makedirs(os.path.dirname(lp), exist_ok=True)
-    if files:
-        retry(lambda: _get_whole(fs, files, lpaths, [found[f].get("size") for f in files]),
-              uri)
-
-
-def _get_whole(fs: fsspec.AbstractFileSystem, rpaths: list[str], lpaths: list[str],
-               sizes: list[int | None]) -> None:
-    """:func:`get_files`, then proof that each file arrived whole (its listed size)."""
-    get_files(fs, rpaths, lpaths)
-    for rpath, lpath, size in zip(rpaths, lpaths, sizes):
-        if size is not None and os.path.getsize(lpath) != size:
-            raise OSError(f"short download of {rpath}: {os.path.getsize(lpath)} of "
-                          f"{size} bytes")
-
-
-def put_files(fs: fsspec.AbstractFileSystem, lpaths: list[str], rpaths: list[str]) -> None:
-    """Upload ``lpaths`` to ``rpaths`` with bounded memory, files in parallel.
-
-    S3 goes through :func:`dasktune.s3_upload.s3_put`; other stores through ``fs.put`` with
-    :func:`transfer_kwargs`. No retry here: callers wrap it in :func:`retry`.
-    """
-    if not lpaths:
-        return
-    if is_s3(fs):
-        s3_put(fs, lpaths, rpaths, [os.path.getsize(p) for p in lpaths])
-    else:
-        fs.put(lpaths, rpaths, **transfer_kwargs(fs, "put"))
-
-
-def as_fsspec(filesystem: Any) -> fsspec.AbstractFileSystem:
-    """An fsspec filesystem for a ``storage_filesystem`` argument: fsspec's as it is, a
-    ``pyarrow.fs.FileSystem`` (what Ray takes) wrapped by fsspec's ``ArrowFSWrapper``
-    (pyarrow's local one is the local disk: fsspec's own)."""
-    if isinstance(filesystem, fsspec.AbstractFileSystem):
-        return filesystem
-    pa_fs = sys.modules.get("pyarrow.fs")  # a pyarrow filesystem means pyarrow is loaded
-    if pa_fs is not None and isinstance(filesystem, pa_fs.LocalFileSystem):
-        return LocalFileSystem()  # the same disk: keeps the local store's fast paths
-    if pa_fs is not None and isinstance(filesystem, pa_fs.FileSystem):
-        from fsspec.implementations.arrow import ArrowFSWrapper
-
-        return ArrowFSWrapper(filesystem)
-    raise TypeError(
-        "storage_filesystem must be an fsspec filesystem or a pyarrow.fs.FileSystem, got "
-        f"{type(filesystem).__name__}"
-    )
-
-
-def is_local(fs: fsspec.AbstractFileSystem) -> bool:
-    """Whether ``fs`` is the local (or an NFS-mounted) disk of this host."""
-    return isinstance(fs, LocalFileSystem)
 
 
 class ExperimentStorage:
@@ -351,7 +177,7 @@ class ExperimentStorage:
         def _write() -> None:
             if self.is_local:
                 tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-                with _open_creating(tmp, "wb") as f:
+                with open_creating(tmp, "wb") as f:
                     f.write(data)
                     if durable:
                         f.flush()
@@ -618,214 +444,20 @@ def _local_files(local_dir: str) -> dict[str, int]:
     return files
 
 
-def _open_for_append(path: str, header: bytes) -> tuple[io.BufferedWriter, int]:
-    """Open a local result file for appending, ``header`` written if it is new; (the
-    file, its size before this open)."""
-    fh = _open_creating(path, "ab")
-    size = fh.tell()
-    if size == 0 and header:
-        fh.write(header)
-    return fh, size
-
-
-def _open_creating(path: str, mode: str) -> Any:
-    """``open`` a local file, creating its folder only when it is missing (a trial
-    writes several files into one folder: no makedirs call per file)."""
-    try:
-        return open(path, mode)
-    except FileNotFoundError:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        return open(path, mode)
+def _local_files(local_dir: str) -> dict[str, int]:
+    """The files under ``local_dir`` (``/``-separated relative path: size), no manifest."""
+    files: dict[str, int] = {}
+    for dirpath, _dirs, names in os.walk(local_dir):
+        for fname in names:
+            full = os.path.join(dirpath, fname)
+            rel = os.path.relpath(full, local_dir).replace(os.sep, "/")
+            if rel != MANIFEST:
+                files[rel] = os.path.getsize(full)
+    return files
 
 
 class CommitFenced(Exception):
     """A checkpoint was not committed because its attempt had been fenced off."""
-
-
-class AppendFile:
-    """A result file the driver appends to.
-
-    Local and NFS paths are appended in place and flushed per batch. Object stores
-    cannot append: the file is spooled in a local temporary file and the whole
-    object re-uploaded at most every ``dasktune.storage.sync-period`` and on close,
-    so result files stay readable remotely while the run goes on. While the store is
-    unreachable past the retry budget, uploads are tried again once per sync period
-    (the spool keeps every line) and the next one sends everything: results are never
-    dropped. A :meth:`close` that cannot upload keeps the file open for a later try.
-    """
-
-    def __init__(self, storage: ExperimentStorage, path: str, header: bytes = b""):
-        self.storage = storage
-        self.path = path
-        self._period = _dask_config.get_seconds("storage.sync-period")
-        self._last_try = float("-inf")
-        self._dirty = False
-        self._base_pending = False
-        self._has_dir = False
-        self.closed = False
-        self._size0 = 0  # the file's size when it was opened
-        self._pending = bytearray()  # lines written before a local open completed
-        self._opening: Future[tuple[Any, int]] | None = None
-        if storage.is_local:
-            # Opened (and created) on the storage's io thread: the lines wait in
-            # _pending meanwhile, and reach the file at the first flush after it.
-            self._fh: io.BufferedWriter | Any = None
-            self._spool = None
-            self._opening = storage.io.submit(_open_for_append, path, header)
-        else:
-            self._spool = tempfile.NamedTemporaryFile(prefix="dasktune-", delete=False)
-            try:  # continue an existing file (a restored experiment)
-                self._spool.write(storage.read_bytes(path))
-            except FileNotFoundError:
-                pass
-            except StorageError as exc:
-                # Unknown yet whether the file exists: read it before the first upload,
-                # or an upload would replace what a restored trial logged before.
-                logger.warning("%s; reading it again before the first upload", exc)
-                self._base_pending = True
-            self._fh = self._spool
-            self._size0 = self._spool.tell()
-            if self._size0 == 0 and header and not self._base_pending:
-                self.write(header)
-
-    def _opened(self, wait: bool) -> bool:
-        """Whether the local file is open (``wait``: until it is); its pending lines
-        are then handed to it."""
-        if self._fh is not None:
-            return True
-        assert self._opening is not None
-        if not wait and not self._opening.done():
-            return False
-        self._fh, self._size0 = self._opening.result()
-        if self._pending:
-            self._fh.write(self._pending)
-            self._pending = bytearray()
-        return True
-
-    @property
-    def dirty(self) -> bool:
-        """Whether lines were written that storage does not have yet."""
-        return self._dirty
-
-    def write(self, data: bytes) -> None:
-        if self._fh is None:
-            self._pending += data
-        else:
-            self._fh.write(data)
-        self._dirty = True
-
-    def tell(self) -> int:
-        """The file's size with what was written to it (waits for a local open)."""
-        self._opened(wait=True)
-        return self._fh.tell()
-
-    @property
-    def was_empty(self) -> bool:
-        """Whether the file was new or empty when opened (waits for a local open)."""
-        self._opened(wait=True)
-        return self._size0 == 0
-
-    def _merge_base(self) -> None:
-        """Put the stored file's content before the lines spooled since (see __init__)."""
-        assert self._spool is not None
-        try:
-            base = self.storage.read_bytes(self.path)
-        except FileNotFoundError:
-            base = b""
-        if base:
-            merged = tempfile.NamedTemporaryFile(prefix="dasktune-", delete=False)
-            merged.write(base)
-            self._spool.flush()
-            with open(self._spool.name, "rb") as f:
-                shutil.copyfileobj(f, merged)
-            self._spool.close()
-            os.unlink(self._spool.name)
-            self._spool = self._fh = merged
-        self._base_pending = False
-
-    def _upload(self, spool_name: str) -> None:
-        fs = self.storage.fs
-        if not self._has_dir:  # filesystems with real folders need it for put_file
-            fs.makedirs(posixpath.dirname(self.path), exist_ok=True)
-            self._has_dir = True
-        fs.put_file(spool_name, self.path)
-
-    def flush(self, force: bool = False) -> None:
-        """Make the written lines durable; on object stores, upload the file if a sync
-        period has passed since the last try (``force``: now).
-
-        Raises :class:`StorageError` only with ``force``: otherwise an unreachable
-        store is logged and the upload tried again next period.
-        """
-        if not self._dirty:
-            return
-        if not self._opened(wait=force):
-            return  # still opening: the lines go at a later flush
-        self._fh.flush()
-        if self._spool is None:
-            self._dirty = False
-            return
-        now = time.monotonic()
-        if not force and now - self._last_try < self._period:
-            return
-        self._last_try = now  # also on failure: one retry budget per period, not per call
-        try:
-            if self._base_pending:
-                self._merge_base()
-            spool_name = self._spool.name
-            retry(lambda: self._upload(spool_name), self.storage.uri_of(self.path))
-        except StorageError as exc:
-            if force:
-                raise
-            logger.warning("%s; the results stay spooled and are uploaded later", exc)
-            return
-        self._dirty = False
-
-    def close(self, final: bool = False) -> None:
-        """Upload what is left and release the file.
-
-        If storage is unreachable, raises :class:`StorageError` and keeps the file open,
-        so a later ``close`` can upload it; with ``final`` the file is released anyway
-        and a spool that could not be uploaded is kept on disk (and named in the log).
-        """
-        if self.closed:
-            return
-        try:
-            self.flush(force=True)
-        except StorageError as exc:
-            if not final:
-                raise
-            if self._fh is not None:
-                self._fh.close()
-            self.closed = True
-            logger.error("%s; the results of %s are kept in %s", exc,
-                         self.storage.uri_of(self.path), getattr(self._spool, "name", "?"))
-            raise
-        self._opened(wait=True)
-        self._fh.close()
-        self.closed = True
-        if self._spool is not None:
-            os.unlink(self._spool.name)
-
-    def close_soon(self) -> None:
-        """:meth:`close`; a local file still being opened is closed on the io thread
-        instead, after its open (:meth:`ExperimentStorage.drain` waits for it), so that
-        ending a trial never waits on file creation."""
-        if not self.closed and self._fh is None and self._opening is not None and \
-                not self._opening.done():
-            self.closed = True
-            self.storage.io.submit(self._close_when_open)
-            return
-        self.close()
-
-    def _close_when_open(self) -> None:
-        """On the io thread: write the pending lines and close (see :meth:`close`)."""
-        try:
-            self._opened(wait=True)
-            self._fh.flush()
-            self._fh.close()
-        except Exception as exc:  # noqa: BLE001 - nobody waits on this thread: say it
-            logger.error("could not write %s: %s", self.path, exc)
 
 
 def json_default(obj: Any) -> Any:

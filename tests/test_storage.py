@@ -23,14 +23,8 @@ import test_s3_support
 from test_s3_support import s3_options
 
 from dasktune.checkpoint import Checkpoint
-from dasktune.storage import (
-    MANIFEST,
-    ExperimentStorage,
-    StorageError,
-    redact,
-    retry,
-    scrub_options,
-)
+from dasktune.storage import MANIFEST, ExperimentStorage
+from dasktune.transfer import StorageError, redact, retry, scrub_options
 
 BACKENDS = ["local", "nfs", "memory", "s3"]
 
@@ -475,7 +469,7 @@ def test_transfers_have_bounded_memory(moto_s3):
     per file, whatever the file size (see benchmarks/storage.py for the figures)."""
     from fsspec.implementations.memory import MemoryFileSystem
 
-    from dasktune.storage import transfer_kwargs
+    from dasktune.transfer import transfer_kwargs
 
     fs = ExperimentStorage("s3://b/p", "e", storage_options=s3_options(moto_s3.endpoint)).fs
     put = transfer_kwargs(fs, "put")

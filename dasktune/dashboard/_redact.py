@@ -10,7 +10,7 @@ import math
 import re
 from typing import Any
 
-from dasktune.storage import redact as _redact_text
+from dasktune.transfer import redact as _redact_text
 
 REDACTED = "***"
 

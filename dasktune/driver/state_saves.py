@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 from dasktune import _dask_config
-from dasktune.storage import StorageError
+from dasktune.transfer import StorageError
 
 __all__ = ["StateSaves"]
 
