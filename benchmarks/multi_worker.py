@@ -252,6 +252,12 @@ def main() -> None:
         d, r = best["dasktune"], best[ref]
         print(f"dasktune/{ref + ':':6} first report {d[0] / r[0]:.2f}x (1st run), "
               f"{d[1] / r[1]:.2f}x (best); per step {d[2] / r[2]:.3f}x")
+    if args.repeat > 1:
+        # Each dasktune run against the plain run just before it: the spread says how
+        # much of a best-of ratio is the machine's noise.
+        ratios = sorted(d[1] / p[1] for p, d in zip(figures["plain"], figures["dasktune"]))
+        print(f"dasktune/plain per step, run by run: {statistics.median(ratios):.3f}x median "
+              f"({', '.join(f'{x:.3f}' for x in ratios)})")
 
 
 if __name__ == "__main__":
