@@ -444,18 +444,6 @@ def _local_files(local_dir: str) -> dict[str, int]:
     return files
 
 
-def _local_files(local_dir: str) -> dict[str, int]:
-    """The files under ``local_dir`` (``/``-separated relative path: size), no manifest."""
-    files: dict[str, int] = {}
-    for dirpath, _dirs, names in os.walk(local_dir):
-        for fname in names:
-            full = os.path.join(dirpath, fname)
-            rel = os.path.relpath(full, local_dir).replace(os.sep, "/")
-            if rel != MANIFEST:
-                files[rel] = os.path.getsize(full)
-    return files
-
-
 class CommitFenced(Exception):
     """A checkpoint was not committed because its attempt had been fenced off."""
 
