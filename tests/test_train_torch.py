@@ -304,6 +304,21 @@ def test_fit_outside_tune_trains_a_ddp_model(cluster, tmp_path):
         assert set(state) == {"module.weight", "module.bias"}
 
 
+def test_fit_outside_tune_keeps_the_checkpoints_its_checkpoint_config_says(cluster, tmp_path):
+    result = TorchTrainer(
+        loop, train_loop_config={"steps": 4, "k": 1},
+        scaling_config=train.ScalingConfig(num_workers=2),
+        run_config=train.RunConfig(storage_path=str(tmp_path / "results"),
+                                   checkpoint_config=train.CheckpointConfig(num_to_keep=2)),
+    ).fit()
+    assert result.error is None
+    # The same retention as any trial's: the two newest of four, each with both ranks'
+    # files.
+    assert [step for _, step in _commits(result.path)] == [3, 4]
+    with result.checkpoint.as_directory() as d:
+        assert json.load(open(os.path.join(d, "rank1.json")))["step"] == 4
+
+
 def failing_loop(config: dict[str, Any]) -> None:
     import torch.distributed as dist
 
