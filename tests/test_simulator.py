@@ -288,6 +288,35 @@ def test_a_lost_workers_trial_restarts_at_the_moment_of_the_loss():
     assert stamps[1.5] == [(1, 1), (2, 3), (3, 4), (4, 6)]
 
 
+def test_a_retiring_workers_trial_moves_after_its_checkpoint_and_loses_nothing():
+    """Worker 0 retires at 2.5 s (a spot notice): its trial ends after its next
+    checkpoint (iteration 3, at 3 s) and resumes from it on worker 1 once that worker's
+    own trial is done (6 s); no iteration runs twice or is lost, nothing starts on the
+    retiring worker, and it leaves once free."""
+    rec = Recorder()
+    hosts: dict[float, list[str]] = defaultdict(list)
+
+    class Hosts(Callback):
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            hosts[trial.config["d"]].append(result["hostname"])
+
+    ex = SimulatedExecutor(
+        2, trial_model=lambda config, trial_id: [(config["d"], {"i": i}, True)
+                                                 for i in range(6)])
+    ex.retire_workers(["sim://worker-0000"], at=2.5)
+    results = run_simulated("f", {"d": tune.grid_search([1.0, 1.0001])}, TuneConfig(),
+                            RunConfig(callbacks=[rec, Hosts()]), executor=ex)
+    assert results.num_terminated == 2
+    for r in results:
+        assert rec.iterations[r.metrics["trial_id"]] == [1, 2, 3, 4, 5, 6]
+    # The first trial ran on worker 0 until its checkpoint after the notice, then on 1.
+    assert hosts[1.0] == ["worker-0000"] * 3 + ["worker-0001"] * 3
+    assert hosts[1.0001] == ["worker-0001"] * 6
+    assert list(ex.workers()) == ["sim://worker-0001"]
+    with pytest.raises(ValueError, match="unknown worker"):
+        ex.retire_workers(["sim://nowhere"])
+
+
 # ----------------------------------------------------------------- load
 
 

@@ -56,13 +56,14 @@ __all__ = ["SimulatedExecutor", "TrialModel"]
 
 STARTED, REPORTS, FINISHED = EventKind.STARTED, EventKind.REPORTS, EventKind.FINISHED
 LOST, WORKER_LOST = EventKind.LOST, EventKind.WORKER_LOST
+WORKER_RETIRING = EventKind.WORKER_RETIRING
 
 #: ``trial_model(config, trial_id)`` -> one ``(duration_s, metrics)`` or
 #: ``(duration_s, metrics, checkpoint)`` per iteration, for the whole trial.
 TrialModel = Callable[[dict[str, Any], str], Sequence[tuple[Any, ...]]]
 
 # Clock entry kinds.
-_START, _ITER, _FINISH, _LOSE = 0, 1, 2, 3
+_START, _ITER, _FINISH, _LOSE, _RETIRE = 0, 1, 2, 3, 4
 
 
 class SimulatedExecutor:
@@ -138,6 +139,17 @@ class SimulatedExecutor:
             if addr not in self._pool.workers:
                 raise ValueError(f"SimulatedExecutor.kill_workers: unknown worker {addr!r}")
             self._push(when, _LOSE, addr, 0)
+
+    def retire_workers(self, addrs: Sequence[str], at: float | None = None) -> None:
+        """Retire ``addrs`` gracefully at virtual time ``at`` (default: now), as a spot
+        notice or a scale-down would: each takes no new trial, the driver moves its
+        trials off (after their next checkpoint, as on a Dask cluster) and it leaves
+        once nothing runs there."""
+        when = self.now if at is None else float(at)
+        for addr in addrs:
+            if addr not in self._pool.workers:
+                raise ValueError(f"SimulatedExecutor.retire_workers: unknown worker {addr!r}")
+            self._push(when, _RETIRE, addr, 0)
 
     def workers(self, refresh: bool = False) -> dict[str, dict[str, Any]]:
         """Live workers and their info (the same dict each call: the driver only reads it)."""
@@ -328,6 +340,11 @@ class SimulatedExecutor:
                     continue
                 self._pool.remove(key)
                 ev = ExecEvent(WORKER_LOST, worker=key)
+            elif kind == _RETIRE:
+                if key in self._pool.gone or key in self._pool.retiring:
+                    continue
+                self._pool.retiring.add(key)
+                ev = ExecEvent(WORKER_RETIRING, worker=key)
             else:
                 run = self._runs.get(key)
                 if run is None or run.token != token:
