@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 import pytest
 
 import dasktune
@@ -38,8 +39,6 @@ def wait_for(predicate: Callable[[], object], timeout: float = 30.0, interval: f
 
 def pid_alive(pid: int) -> bool:
     """Whether process ``pid`` runs (a zombie, dead and waiting for its reaper, does not)."""
-    import psutil
-
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:

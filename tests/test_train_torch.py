@@ -47,6 +47,18 @@ def worker_pid() -> int:
     return parent.pid
 
 
+def _commits(trial_dir: str) -> list[tuple[float, int]]:
+    """(commit time, step) of each committed checkpoint of the trial."""
+    out = []
+    for name in os.listdir(trial_dir):
+        path = os.path.join(trial_dir, name, MANIFEST)
+        if name.startswith("checkpoint_") and os.path.exists(path):
+            with open(path) as f:
+                manifest = json.load(f)
+            out.append((manifest["committed_at"], int(manifest["result"]["step"])))
+    return sorted(out)
+
+
 def loop(config: dict[str, Any]) -> None:
     """Counts to ``steps``; a checkpoint every ``k`` steps with one file per rank."""
     import torch.distributed as dist
@@ -178,18 +190,6 @@ def test_a_checkpoint_does_not_wait_out_the_other_ranks_report_batches(
 
 
 # ------------------------------------------------------------------------------ chaos
-def _commits(trial_dir: str) -> list[tuple[float, int]]:
-    """(commit time, step) of each committed checkpoint of the trial."""
-    out = []
-    for name in os.listdir(trial_dir):
-        path = os.path.join(trial_dir, name, MANIFEST)
-        if name.startswith("checkpoint_") and os.path.exists(path):
-            with open(path) as f:
-                manifest = json.load(f)
-            out.append((manifest["committed_at"], int(manifest["result"]["step"])))
-    return sorted(out)
-
-
 def test_sigkill_of_a_rank_worker_restarts_the_group_from_the_newest_checkpoint(
         dask_processes, connect, tmp_path):
     procs = dask_processes(n_workers=0)

@@ -78,7 +78,7 @@ class RankInfo:
     use_gpu: bool
     backend: str
     timeout_s: float
-    report_interval_s: float = 0.0  # how long a report without checkpoint may wait
+    report_interval_s: float  # how long a report without checkpoint may wait (0: none)
 
 
 class RankSession:
