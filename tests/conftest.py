@@ -15,11 +15,14 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
 import dasktune
+from dasktune.layout import checkpoint_index
+from dasktune.storage import MANIFEST
 
 os.environ.setdefault("DASK_DISTRIBUTED__ADMIN__TICK__LIMIT", "30s")
 
@@ -143,9 +146,6 @@ def logged_iterations(trial_dir: str, tag: str) -> dict[str, list[int]]:
 
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
-    from dasktune.layout import checkpoint_index
-    from dasktune.storage import MANIFEST
-
     out: dict[str, list[int]] = {}
     with open(os.path.join(trial_dir, "result.json")) as f:
         out["result.json"] = [json.loads(line)["training_iteration"] for line in f]
@@ -158,13 +158,18 @@ def logged_iterations(trial_dir: str, tag: str) -> dict[str, list[int]]:
                 if any(v.tag == tag for v in event.summary.value):
                     steps.append(int(event.step))
     out["tensorboard"] = steps
-    ckpts = []
+    out["checkpoints"] = [int(m["training_iteration"]) for m in committed_manifests(trial_dir)]
+    return out
+
+
+def committed_manifests(trial_dir: str) -> list[dict[str, Any]]:
+    """The commit manifests of a trial folder's committed checkpoints, in name order."""
+    out = []
     for name in sorted(os.listdir(trial_dir)):
-        manifest = os.path.join(trial_dir, name, MANIFEST)
-        if checkpoint_index(name) is not None and os.path.exists(manifest):
-            with open(manifest) as f:
-                ckpts.append(int(json.load(f)["training_iteration"]))
-    out["checkpoints"] = ckpts
+        path = os.path.join(trial_dir, name, MANIFEST)
+        if checkpoint_index(name) is not None and os.path.exists(path):
+            with open(path) as f:
+                out.append(json.load(f))
     return out
 
 

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import DaskProcesses, read_jsonl, wait_for
+from conftest import DaskProcesses, committed_manifests, read_jsonl, wait_for
 
 import dasktune as tune
 from dasktune import runtime
@@ -213,17 +213,8 @@ def assert_one_lineage(trial_dir: str, iters: int) -> list[dict[str, Any]]:
 
 def commits_before(trial_dir: str, t: float) -> list[int]:
     """The iterations of the checkpoints whose commit manifest was written before ``t``."""
-    from dasktune.storage import MANIFEST
-
-    found = []
-    for name in os.listdir(trial_dir):
-        path = os.path.join(trial_dir, name, MANIFEST)
-        if name.startswith("checkpoint_") and os.path.exists(path):
-            with open(path) as f:
-                manifest = json.load(f)
-            if manifest["committed_at"] < t:
-                found.append(int(manifest["training_iteration"]))
-    return sorted(found)
+    return sorted(int(m["training_iteration"]) for m in committed_manifests(trial_dir)
+                  if m["committed_at"] < t)
 
 
 def committed_before(trial_dir: str, t: float) -> int:

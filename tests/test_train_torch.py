@@ -18,12 +18,11 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import pid_alive, read_jsonl, wait_for
+from conftest import committed_manifests, pid_alive, read_jsonl, wait_for
 
 import dasktune as tune
 from dasktune import train
 from dasktune.integration.ray_train import TuneReportCallback
-from dasktune.storage import MANIFEST
 from dasktune.train.torch import TorchTrainer, prepare_data_loader, prepare_model
 
 torch = pytest.importorskip("torch")
@@ -49,14 +48,8 @@ def worker_pid() -> int:
 
 def _commits(trial_dir: str) -> list[tuple[float, int]]:
     """(commit time, step) of each committed checkpoint of the trial."""
-    out = []
-    for name in os.listdir(trial_dir):
-        path = os.path.join(trial_dir, name, MANIFEST)
-        if name.startswith("checkpoint_") and os.path.exists(path):
-            with open(path) as f:
-                manifest = json.load(f)
-            out.append((manifest["committed_at"], int(manifest["result"]["step"])))
-    return sorted(out)
+    return sorted((m["committed_at"], int(m["result"]["step"]))
+                  for m in committed_manifests(trial_dir))
 
 
 def loop(config: dict[str, Any]) -> None:
