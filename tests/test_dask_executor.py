@@ -6,10 +6,12 @@ events the executor emits."""
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import threading
 import time
 
 import cloudpickle
+import dask.config
 import pytest
 from distributed import Client
 from distributed.utils_test import gen_cluster
@@ -84,8 +86,6 @@ def _ended(tid: str):
 
 @gen_cluster(**_CLUSTER)
 async def test_an_attempt_starts_reports_and_finishes(s, a, b):
-    import tempfile
-
     client, executor = await _open(s)
     try:
         worker = await asyncio.to_thread(executor.place, {"CPU": 1.0})
@@ -115,8 +115,6 @@ async def test_a_fast_reporting_attempt_sends_its_reports_in_batches(s, a, b):
     """A report every 5 ms: replies come at most 20 a second (the default
     executor.report-batches-per-second, one trial running), each with the reports made
     since, none lost or reordered."""
-    import tempfile
-
     client, executor = await _open(s)
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -136,8 +134,6 @@ async def test_a_fast_reporting_attempt_sends_its_reports_in_batches(s, a, b):
 
 @gen_cluster(**_CLUSTER)
 async def test_a_report_rate_of_zero_is_refused_before_anything_runs(s, a, b):
-    import dask.config
-
     client = await asyncio.to_thread(Client, s.address)
     try:
         with dask.config.set({"dasktune.executor.report-batches-per-second": 0}), \
@@ -149,8 +145,6 @@ async def test_a_report_rate_of_zero_is_refused_before_anything_runs(s, a, b):
 
 @gen_cluster(**_CLUSTER)
 async def test_a_removed_worker_is_reported_and_its_attempt_lost(s, a, b):
-    import tempfile
-
     client, executor = await _open(s)
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -181,8 +175,6 @@ async def test_the_fence_stops_an_attempt_whose_task_left_the_worker(s, a, b):
     """The scheduler drops the driver's hold on the actor's task (as when the driver's
     client is gone): the worker's fence plugin stops the attempt at its next report,
     and the executor, whose actor is gone, reports the attempt lost."""
-    import tempfile
-
     client, executor = await _open(s)
     try:
         with tempfile.TemporaryDirectory() as tmp:
