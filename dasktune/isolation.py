@@ -35,47 +35,47 @@ its exit code; one that ignores a stop for :data:`STOP_GRACE_S` is terminated.
 from __future__ import annotations
 
 import copy
-import json
 import os
 import pickle
-import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import traceback
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 from distributed import Client
 
 from dasktune import _dask_config, scratch
 from dasktune.attempt import Attempt
+from dasktune.child_process import (
+    ORPHAN_EXIT,
+    describe_exit,
+    die_with_parent,
+    exit_now,
+    reap,
+    spawn,
+)
 from dasktune.resources import parse_visible_devices
 from dasktune.shipping import dumps_trainable
 
 if TYPE_CHECKING:
     from dasktune.session import TrialSpec
 
-__all__ = ["ORPHAN_EXIT", "STOP_GRACE_S", "TrialProcessError", "child_devices", "child_env",
-           "describe_exit", "die_with_parent", "exit_now", "reap", "run_in_process", "spawn",
-           "wants_process"]
+__all__ = ["STOP_GRACE_S", "TrialProcessError", "child_devices", "child_env",
+           "run_in_process", "wants_process"]
 
 #: Seconds a child may run on after a stop-now request before it is terminated.
 STOP_GRACE_S = 5.0
 _DONE_GRACE_S = 10.0  # a child that said "done" but does not exit is killed after this
 _POLL_S = 0.1
-ORPHAN_EXIT = 70  # exit status of a child whose parent (or controller) went away
 
 # The worker's own device list, read before any in-thread trial overwrites the
 # process-wide CUDA_VISIBLE_DEVICES (the actor module imports this one).
 _WORKER_VISIBLE = parse_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
 
-# The child's first line: this process's import path, then ``module:function(*args)``.
-_BOOT = ("import importlib, json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
-         "m, f = sys.argv[2].split(':'); getattr(importlib.import_module(m), f)(*sys.argv[3:])")
 
 
 class TrialProcessError(RuntimeError):
@@ -206,72 +206,7 @@ def child_env(devices: list[str]) -> dict[str, str]:
     return env
 
 
-def spawn(entry: str, args: list[str], env: dict[str, str],
-          pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
-    """Start a fresh interpreter that calls ``entry`` (``"module:function"``) with the
-    string ``args``, on this process's import path (a fresh interpreter, not
-    ``multiprocessing``: see the module docs)."""
-    return subprocess.Popen(
-        [sys.executable, "-c", _BOOT, json.dumps([p for p in sys.path if isinstance(p, str)]),
-         entry, *args],
-        env=env, pass_fds=pass_fds, cwd=os.getcwd(),
-    )
-
-
-def reap(proc: subprocess.Popen[bytes], grace: float) -> int:
-    """Wait up to ``grace`` s for the child, then terminate it (then kill); its exit code."""
-    try:
-        return proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        pass
-    proc.terminate()
-    try:
-        return proc.wait(2.0)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait()
-
-
-def describe_exit(code: int | None) -> str:
-    if code is None:
-        return "did not exit"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"was killed by {name} (exit code {code})"
-    if code == ORPHAN_EXIT:
-        return f"exited with code {code} (it lost contact with the worker)"
-    return f"exited with code {code} before the trial finished"
-
-
 # ----------------------------------------------------------------------------------- child
-def exit_now(code: int = 0) -> NoReturn:
-    """End a child process whose work is over: flush its output, then leave at once with
-    ``code``, with no atexit handlers and no waits on threads the user's code left running."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """Linux: SIGKILL this process when its parent thread dies; exit if it already has."""
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass  # the socket watchdog still covers a vanished parent
-    if os.getppid() != parent_pid:
-        os._exit(ORPHAN_EXIT)
-
-
 def _watch_parent(conn: Connection, attempt: Attempt) -> None:
     """Apply the parent's stop requests; exit at once when the parent goes away."""
     while True:

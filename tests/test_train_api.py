@@ -5,6 +5,9 @@ batches its reports."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -151,3 +154,25 @@ def test_report_interval_zero_sends_each_report_as_it_is_made(tmp_path):
     session, conn = _rank_session(tmp_path, rank=0, interval=0.0)
     session.report({"i": 0})
     assert conn.sent == [("report", [(0, {"i": 0}, False)])]
+
+
+def test_a_rank_imports_neither_the_tuner_nor_dasks_client():
+    """What a rank's process imports (its entry, ``from dasktune import train`` and the
+    loop helpers) is start-up time each fresh rank and each fork server pays: it leaves
+    out the tuner, the driver and ``distributed`` (the trainer itself stays reachable)."""
+    code = textwrap.dedent("""
+        import sys
+        import dasktune.train.forkserver, dasktune.train.rank
+        from dasktune import train
+        from dasktune.train.torch import prepare_data_loader, prepare_model
+        heavy = ["distributed", "dasktune.tuner", "dasktune.driver", "dasktune.runtime",
+                 "pandas"]
+        print([m for m in heavy if m in sys.modules])
+        import dasktune
+        from dasktune.train.torch import TorchTrainer
+        print(dasktune.Tuner.__module__, TorchTrainer.__module__)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split("\n")
+    assert out[0] == "[]"
+    assert out[1] == "dasktune.tuner dasktune.train.torch.torch_trainer"

@@ -49,7 +49,7 @@ import traceback
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from dasktune import _dask_config, isolation
+from dasktune import _dask_config, child_process
 
 __all__ = ["ForkServer", "ForkedProcess", "enabled", "for_this_process", "serve", "warm",
            "warm_cluster"]
@@ -105,7 +105,7 @@ class ForkServer:
         # still imports waits in the backlog instead of failing to connect.
         lifeline_r, self._lifeline = os.pipe()
         try:
-            self._proc = isolation.spawn(
+            self._proc = child_process.spawn(
                 "dasktune.train.forkserver:serve",
                 [str(listener.fileno()), str(lifeline_r), json.dumps(preload)],
                 # No device to probe: see the module's notes on CUDA.
@@ -147,7 +147,7 @@ class ForkServer:
         with contextlib.suppress(OSError):
             os.close(self._lifeline)
         with contextlib.suppress(OSError):
-            isolation.reap(self._proc, 5.0)
+            child_process.reap(self._proc, 5.0)
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
@@ -197,7 +197,7 @@ def warm_cluster(client: Any, gpus: bool = False) -> None:
 
 # ------------------------------------------------------------------------------ server
 def serve(listen_fd: str, lifeline_fd: str, preload: str) -> None:
-    """The server's main loop (:func:`dasktune.isolation.spawn`'s entry)."""
+    """The server's main loop (:func:`dasktune.child_process.spawn`'s entry)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the worker's to handle
     listener = socket.socket(fileno=int(listen_fd))
     lifeline = int(lifeline_fd)
@@ -277,7 +277,7 @@ def _fork(msg: tuple[Any, ...], listener: socket.socket, lifeline: int,
         os.dup2(null, 0)
         os.close(null)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        isolation.die_with_parent(server)
+        child_process.die_with_parent(server)
         os.environ.clear()
         os.environ.update(env)
         os.chdir(cwd)
@@ -289,4 +289,4 @@ def _fork(msg: tuple[Any, ...], listener: socket.socket, lifeline: int,
     except BaseException:  # noqa: BLE001 - the child must never return into the server
         traceback.print_exc()
     finally:
-        isolation.exit_now(code)
+        child_process.exit_now(code)

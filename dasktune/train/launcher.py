@@ -22,7 +22,7 @@ from typing import Any
 
 from distributed import secede
 
-from dasktune import isolation
+from dasktune import child_process, isolation
 from dasktune.train import forkserver
 
 __all__ = ["free_port", "run_rank"]
@@ -77,7 +77,7 @@ def _start(controller: tuple[str, int], authkey: bytes, rank: int,
         except (OSError, RuntimeError) as exc:
             logger.warning("rank %d: the fork server failed (%s); starting a fresh "
                            "interpreter", rank, exc)
-    return isolation.spawn(_ENTRY, [*args, str(os.getpid())], env)
+    return child_process.spawn(_ENTRY, [*args, str(os.getpid())], env)
 
 
 def _watch(conn: Connection, proc: Any, rank: int) -> int:

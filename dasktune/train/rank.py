@@ -25,7 +25,7 @@ from typing import Any
 
 import cloudpickle
 
-from dasktune import isolation
+from dasktune import child_process
 from dasktune.train import context
 from dasktune.train.context import RankInfo, RankSession
 
@@ -33,8 +33,8 @@ __all__ = ["main"]
 
 
 def main(host: str, port: str, authkey: str, rank: str, parent_pid: str) -> None:
-    """Entry point (through :func:`dasktune.isolation.spawn`)."""
-    isolation.die_with_parent(int(parent_pid))
+    """Entry point (through :func:`dasktune.child_process.spawn`)."""
+    child_process.die_with_parent(int(parent_pid))
     conn = Client((host, int(port)), authkey=bytes.fromhex(authkey))
     conn.send(("rank", int(rank), os.getpid()))
     info, loop_blob, loop_config = cloudpickle.loads(conn.recv_bytes())
@@ -60,7 +60,7 @@ def main(host: str, port: str, authkey: str, rank: str, parent_pid: str) -> None
         session.send(("done", error))
     except OSError:
         pass
-    isolation.exit_now()  # the rank is over
+    child_process.exit_now()  # the rank is over
 
 
 class _PicklingConnection:
@@ -81,7 +81,7 @@ def _watch_controller(conn: Connection, session: RankSession,
         try:
             msg = conn.recv()
         except (EOFError, OSError):
-            os._exit(0 if finishing.is_set() else isolation.ORPHAN_EXIT)
+            os._exit(0 if finishing.is_set() else child_process.ORPHAN_EXIT)
         if msg[0] == "ack":
             session.on_ack(msg[1], msg[2])
         elif msg[0] == "flush":
@@ -92,7 +92,7 @@ def _watch_controller(conn: Connection, session: RankSession,
         elif msg[0] == "notice":
             session.notices.put((msg[1], msg[2]))
         elif msg[0] == "kill":
-            os._exit(isolation.ORPHAN_EXIT)
+            os._exit(child_process.ORPHAN_EXIT)
 
 
 def _init_process_group(info: RankInfo) -> Any:
