@@ -182,6 +182,24 @@ def test_a_checkpoint_does_not_wait_out_the_other_ranks_report_batches(
     assert [step for _, step in _commits(result.path)] == [1, 2, 3, 4, 5]
 
 
+def late_rank_loop(config: dict[str, Any]) -> None:
+    """Rank 1 lingers after its last report: rank 0's process, then its launcher task,
+    end seconds before rank 1 says done."""
+    train.report({"step": 1})
+    if train.get_context().get_world_rank() == 1:
+        time.sleep(config["linger"])
+
+
+def test_a_rank_that_ends_first_leaves_the_group_running(dask_processes, connect, tmp_path):
+    procs = dask_processes(n_workers=2, nthreads=1, resources="CPU=1")
+    connect(procs.address)
+    result = TorchTrainer(
+        late_rank_loop, train_loop_config={"linger": 3},
+        scaling_config=train.ScalingConfig(num_workers=2),
+        run_config=train.RunConfig(storage_path=str(tmp_path / "results"))).fit()
+    assert result.error is None and result.metrics["step"] == 1
+
+
 # ------------------------------------------------------------------------------ chaos
 def test_sigkill_of_a_rank_worker_restarts_the_group_from_the_newest_checkpoint(
         dask_processes, connect, tmp_path):

@@ -185,7 +185,9 @@ class WorkerGroup:
                 try:
                     msg = conn.recv()
                 except (EOFError, OSError):
-                    if what == "rank" and rank in done:
+                    if rank in done:
+                        # Its loop ended: its process exits, then its launcher task
+                        # returns, while slower ranks may still be running theirs.
                         del conns[conn]
                         continue
                     self._check_health()
