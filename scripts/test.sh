@@ -5,7 +5,8 @@
 # test, docs, release and all extras (every optional library; HEBO without its numpy
 # pin); as root, starts a local Slurm and a local Grid Engine and installs Debian's chromium for the dashboard's
 # browser test; unpacks Ray Tune's example scripts (not Ray) for the test that runs
-# them on dasktune, and runs pytest.
+# them on dasktune, and runs pytest (with no arguments: the whole suite, the batch-system
+# tests beside the rest).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -64,9 +65,32 @@ fi
 export DASKTUNE_RAY_EXAMPLES="$PWD/$RAY_EXAMPLES/ray/tune/examples"
 
 export PYTHONDONTWRITEBYTECODE=1
+# The whole suite (no arguments): the batch-system tests spend minutes waiting on their
+# job queues' clocks (1-minute walltimes) with the CPU idle, so they run beside the rest
+# in a second pytest, their output printed after the first's.
+BATCH_TESTS=(tests/test_slurm.py tests/test_sge.py)
+batch_pid=
+if [ "$#" = 0 ]; then
+  batch_dir=$(mktemp -d)
+  .venv/bin/python -m pytest -q -ra -p no:cacheprovider --basetemp="$batch_dir/tmp" \
+    "${BATCH_TESTS[@]}" > "$batch_dir/log" 2>&1 &
+  batch_pid=$!
+  set -- "${BATCH_TESTS[@]/#/--ignore=}"
+fi
 set +e
 .venv/bin/python -m pytest -q -ra --durations=15 "$@"
 rc=$?
+if [ -n "$batch_pid" ]; then
+  wait "$batch_pid"
+  batch_rc=$?
+  echo "== the batch-system tests (${BATCH_TESTS[*]}), run beside the others:"
+  cat "$batch_dir/log"
+  rm -rf "$batch_dir"
+  # Either run's failure fails the suite; "nothing collected" (5) only if both say it.
+  if [ "$rc" = "0" ] || { [ "$rc" = "5" ] && [ "$batch_rc" != "5" ]; }; then
+    rc=$batch_rc
+  fi
+fi
 set -e
 if [ "$rc" = "5" ]; then
   echo "no tests were collected" >&2
