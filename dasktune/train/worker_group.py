@@ -180,7 +180,10 @@ class WorkerGroup:
         conns.update({conn: ("launcher", r) for r, conn in self._launchers.items()})
         while len(done) < self.n:
             self.interrupt()
-            for conn in wait(list(conns), timeout=0.2):
+            # A rank's own messages first: its launcher's news that the process exited
+            # may arrive in the same wait as the rank's "done".
+            for conn in sorted(wait(list(conns), timeout=0.2),
+                               key=lambda c: conns[c][0] != "rank"):
                 what, rank = conns[conn]
                 try:
                     msg = conn.recv()
