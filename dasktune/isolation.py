@@ -77,7 +77,6 @@ _POLL_S = 0.1
 _WORKER_VISIBLE = parse_visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
-
 class TrialProcessError(RuntimeError):
     """A trial's child process raised (the message is its traceback) or died."""
 
