@@ -87,7 +87,7 @@ if [ -n "$batch_pid" ]; then
   cat "$batch_dir/log"
   rm -rf "$batch_dir"
   # Either run's failure fails the suite; "nothing collected" (5) only if both say it.
-  if [ "$rc" = "0" ] || { [ "$rc" = "5" ] && [ "$batch_rc" != "5" ]; }; then
+  if [ "$batch_rc" != "5" ] && { [ "$rc" = "0" ] || [ "$rc" = "5" ]; }; then
     rc=$batch_rc
   fi
 fi

@@ -172,7 +172,9 @@ def test_a_rank_imports_neither_the_tuner_nor_dasks_client():
         from dasktune.train.torch import TorchTrainer
         print(dasktune.Tuner.__module__, TorchTrainer.__module__)
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, check=True).stdout.split("\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.split("\n")
     assert out[0] == "[]"
     assert out[1] == "dasktune.tuner dasktune.train.torch.torch_trainer"
