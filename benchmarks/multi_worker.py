@@ -72,6 +72,7 @@ def _plain_rank(rank: int, world: int, port: int, config: dict[str, Any], queue:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     _model_loop(config, (lambda m: queue.put(m)) if rank == 0 else (lambda m: None))
+    dist.barrier()  # no rank tears gloo down under another (it may abort the process)
     dist.destroy_process_group()
 
 

@@ -48,10 +48,11 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 from distributed import Client
 
-from dasktune import _dask_config, scratch
+from dasktune import _dask_config
 from dasktune.attempt import Attempt
 from dasktune.child_process import (
     ORPHAN_EXIT,
+    child_env,
     describe_exit,
     die_with_parent,
     exit_now,
@@ -64,8 +65,8 @@ from dasktune.shipping import dumps_trainable
 if TYPE_CHECKING:
     from dasktune.session import TrialSpec
 
-__all__ = ["STOP_GRACE_S", "TrialProcessError", "child_devices", "child_env",
-           "run_in_process", "wants_process"]
+__all__ = ["STOP_GRACE_S", "TrialProcessError", "child_devices", "run_in_process",
+           "wants_process"]
 
 #: Seconds a child may run on after a stop-now request before it is terminated.
 STOP_GRACE_S = 5.0
@@ -131,7 +132,8 @@ def run_in_process(attempt: Attempt, worker_address: str,
     mine, theirs = socket.socketpair()
     try:
         proc = spawn("dasktune.isolation:_child_main",
-                     [str(theirs.fileno()), str(os.getpid())], child_env(devices),
+                     [str(theirs.fileno()), str(os.getpid())],
+                     child_env(devices, cpus=float(spec.resources.get("CPU", 1.0))),
                      pass_fds=(theirs.fileno(),))
     except BaseException:
         mine.close()
@@ -193,16 +195,6 @@ def _relay(attempt: Attempt, conn: Connection,
             attempt.gangs.relay_notes(msg[1])
         elif msg[0] == "done":
             return True, msg[1], sent_now
-
-
-def child_env(devices: list[str]) -> dict[str, str]:
-    """The environment of a child that runs trial code: this process's, seeing exactly
-    ``devices``, its temp files where Dask cleans up after a crash."""
-    env = dict(os.environ)
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
-    if root := scratch.root():
-        env["TMPDIR"] = root
-    return env
 
 
 # ----------------------------------------------------------------------------------- child

@@ -21,6 +21,7 @@ import pytest
 from conftest import DaskProcesses, wait_for
 
 import dasktune as tune
+from dasktune.child_process import child_env
 from dasktune.isolation import STOP_GRACE_S, child_devices
 
 pytestmark = pytest.mark.slow
@@ -30,7 +31,9 @@ GPU = {"gpu": 1, "cpu": 1}
 
 def facts() -> dict[str, Any]:
     return {"pid": os.getpid(), "ppid": os.getppid(),
-            "cvd": os.environ.get("CUDA_VISIBLE_DEVICES")}
+            "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "malloc_trim": os.environ.get("MALLOC_TRIM_THRESHOLD_", "unset"),
+            "omp": os.environ.get("OMP_NUM_THREADS")}
 
 
 def resumable(config: dict[str, Any]) -> None:
@@ -127,6 +130,9 @@ def test_child_runs_function_and_class_trainables_with_checkpoints(gpu_cluster, 
     assert len({r["pid"] for r in rows}) == 2  # the retry ran in a new child
     assert all(r["pid"] not in worker_pids and r["ppid"] in worker_pids for r in rows)
     assert res.metrics["cvd"] == "0"  # (the dataframe reads it back as a number)
+    # The worker's malloc tuning by Dask's nanny is the worker's alone; the child's math
+    # libraries get the CPUs it reserved (1 here).
+    assert res.metrics["malloc_trim"] == "unset" and res.metrics["omp"] == "1"
     with res.checkpoint.as_directory() as d, open(os.path.join(d, "state.json")) as f:
         assert json.load(f) == {"i": 3}
 
@@ -138,10 +144,12 @@ def test_child_runs_function_and_class_trainables_with_checkpoints(gpu_cluster, 
     with res.checkpoint.as_directory() as d, open(os.path.join(d, "c.json")) as f:
         assert json.load(f) == {"count": 4}
 
-    # isolate=True on this worker: a CPU-only trial gets a child too, with no device.
-    results = run(Counter, storage, "cpu", resources={"cpu": 1}, stop={"training_iteration": 1})
+    # isolate=True on this worker: a CPU-only trial gets a child too, with no device,
+    # and as many math-library threads as CPUs it reserved (Dask's worker has 1).
+    results = run(Counter, storage, "cpu", resources={"cpu": 3}, stop={"training_iteration": 1})
     (res,) = results
     assert res.metrics["pid"] not in worker_pids and res.metrics["cvd"] == ""
+    assert res.metrics["omp"] == "3"
 
 
 def test_child_errors_and_crashes_become_trial_errors(gpu_cluster, tmp_path):
@@ -219,3 +227,28 @@ def test_child_devices_maps_worker_ordinals():
     assert child_devices(["0", "1"], None) == ["0", "1"]
     assert child_devices(["1"], ["3", "5"]) == ["5"]
     assert child_devices(["GPU-abc"], ["3"]) == ["GPU-abc"]
+
+
+def test_child_env_replaces_only_what_the_nanny_set_for_its_worker(monkeypatch):
+    import dask
+
+    nanny = {"MALLOC_TRIM_THRESHOLD_": 65536, "OMP_NUM_THREADS": 1, "MKL_NUM_THREADS": 1}
+    for key, value in nanny.items():  # the worker's environment, as Dask's nanny sets it
+        monkeypatch.setenv(key, str(value))
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": nanny}):
+        env = child_env(["1"])  # no CPU count: the thread caps stay
+        assert "MALLOC_TRIM_THRESHOLD_" not in env and "OPENBLAS_NUM_THREADS" not in env
+        assert (env["OMP_NUM_THREADS"], env["CUDA_VISIBLE_DEVICES"]) == ("1", "1")
+        env = child_env([], cpus=2.5)
+        assert [env[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                                 "OPENBLAS_NUM_THREADS")] == ["2", "2", "2"]
+        assert child_env([], cpus=0.5)["OMP_NUM_THREADS"] == "1"
+        # The user's own values are theirs.
+        monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
+        monkeypatch.setenv("OMP_NUM_THREADS", "4")
+        env = child_env([], cpus=2)
+        assert (env["MALLOC_TRIM_THRESHOLD_"], env["OMP_NUM_THREADS"]) == ("131072", "4")
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": {}}):
+        monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")
+        assert child_env([])["MALLOC_TRIM_THRESHOLD_"] == "65536"

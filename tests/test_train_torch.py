@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Any
 
+import dask
 import psutil
 import pytest
 from conftest import committed_manifests, pid_alive, read_jsonl, wait_for
@@ -46,6 +47,17 @@ def worker_pid() -> int:
     return parent.pid
 
 
+def malloc_trims() -> dict[str, str | None]:
+    """``MALLOC_TRIM_THRESHOLD_`` in this rank's environment, its parent's (whose malloc a
+    forked rank inherits) and its worker's (which Dask's nanny sets)."""
+    import psutil
+
+    key = "MALLOC_TRIM_THRESHOLD_"
+    return {"rank": os.environ.get(key),
+            "parent": psutil.Process(os.getppid()).environ().get(key),
+            "worker": psutil.Process(worker_pid()).environ().get(key)}
+
+
 def _commits(trial_dir: str) -> list[tuple[float, int]]:
     """(commit time, step) of each committed checkpoint of the trial."""
     return sorted((m["committed_at"], int(m["result"]["step"]))
@@ -68,7 +80,7 @@ def loop(config: dict[str, Any]) -> None:
     trial_dir = ctx.get_trial_dir()
     _append(os.path.join(trial_dir, "ranks.jsonl"),
             {"rank": rank, "pid": os.getpid(), "worker_pid": worker_pid(),
-             "parent_pid": os.getppid(), "t": time.time(),
+             "parent_pid": os.getppid(), "t": time.time(), "malloc_trim": malloc_trims(),
              "start": start, "world": world,
              "local_rank": ctx.get_local_rank(), "env_rank": int(os.environ["RANK"]),
              "env_world": int(os.environ["WORLD_SIZE"])})
@@ -127,6 +139,10 @@ def test_two_two_worker_trials_report_all_reduce_and_checkpoint(cluster, tmp_pat
             == [(0, 2, 0, 2), (1, 2, 1, 2)]
         # Forked by their workers' fork servers (the default on Linux), not the workers.
         assert all(r["parent_pid"] != r["worker_pid"] for r in ranks)
+        # Dask's malloc tuning for its workers (20% per step in a torch loop) stays with
+        # the workers: neither the fork servers nor the ranks have it.
+        assert all(r["malloc_trim"] == {"rank": None, "parent": None, "worker": "65536"}
+                   for r in ranks)
 
 
 def test_with_the_fork_server_off_each_rank_is_a_fresh_child_of_its_worker(
@@ -144,6 +160,8 @@ def test_with_the_fork_server_off_each_rank_is_a_fresh_child_of_its_worker(
     assert len(ranks) == 2
     assert all(r["parent_pid"] == r["worker_pid"] and
                psutil.Process(r["worker_pid"]).ppid() in worker_pids for r in ranks)
+    assert all(r["malloc_trim"]["rank"] is None and r["malloc_trim"]["worker"] == "65536"
+               for r in ranks)
 
 
 def rank0_checkpoint_loop(config: dict[str, Any]) -> None:
@@ -188,6 +206,31 @@ def late_rank_loop(config: dict[str, Any]) -> None:
     train.report({"step": 1})
     if train.get_context().get_world_rank() == 1:
         time.sleep(config["linger"])
+
+
+def threads_loop() -> None:
+    import torch
+
+    train.report({"torch_threads": torch.get_num_threads(),
+                  "omp": os.environ.get("OMP_NUM_THREADS")})
+
+
+def test_a_rank_computes_on_as_many_threads_as_cpus_it_reserved(dask_processes, connect,
+                                                                  tmp_path):
+    # Dask's nanny gives its workers one math-library thread; a rank that reserved two
+    # CPUs gets two, forked (CPU) or not (its server imported torch with one), as Ray
+    # sets OMP_NUM_THREADS for a Train worker.
+    procs = dask_processes(n_workers=2, nthreads=1, resources="CPU=2")
+    client = connect(procs.address)
+    for cpus, forkserver in ((2, True), (2, False), (1, True)):
+        client.run(dask.config.set, {"dasktune.train.forkserver": forkserver})
+        result = TorchTrainer(
+            threads_loop, scaling_config=train.ScalingConfig(
+                num_workers=2, resources_per_worker={"CPU": cpus}),
+            run_config=train.RunConfig(storage_path=str(tmp_path / f"r{cpus}{forkserver}"))
+        ).fit()
+        assert result.error is None
+        assert (result.metrics["torch_threads"], result.metrics["omp"]) == (cpus, str(cpus))
 
 
 def test_a_rank_that_ends_first_leaves_the_group_running(dask_processes, connect, tmp_path):

@@ -146,7 +146,8 @@ class TrainController:
                         use_gpu=self.scaling.uses_gpu, backend=self.backend,
                         timeout_s=self.timeout_s, report_interval_s=self.report_interval_s)
         group_spec = GroupSpec(loop=self.loop_blob, loop_config=self.loop_config, info=info,
-                               listen_host=node_ip(self.session.worker_address))
+                               listen_host=node_ip(self.session.worker_address),
+                               cpus=self.scaling.worker_resources.get("CPU", 1.0))
         self._gang, self._retiring_since = gang, None
         group = WorkerGroup(client, gang.workers, gang.hosts, gang.devices, group_spec,
                             self._on_report, lost=lambda: self.session.gang_lost(gang),

@@ -108,8 +108,10 @@ class ForkServer:
             self._proc = child_process.spawn(
                 "dasktune.train.forkserver:serve",
                 [str(listener.fileno()), str(lifeline_r), json.dumps(preload)],
-                # No device to probe: see the module's notes on CUDA.
-                {**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+                # No device to probe: see the module's notes on CUDA. (A rank's malloc
+                # is the server's, set up as the server starts: hence a child's
+                # environment here already, not only in the rank's own.)
+                child_process.child_env([]),
                 pass_fds=(listener.fileno(), lifeline_r))
         finally:
             listener.close()

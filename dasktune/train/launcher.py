@@ -55,8 +55,9 @@ def run_rank(controller: tuple[str, int], authkey: bytes, rank: int, host: str) 
             return None
         env: dict[str, str] = msg[1]
         devices: list[str] = msg[2]
+        cpus: float = msg[3]
         proc = _start(controller, authkey, rank,
-                      {**isolation.child_env(isolation.child_devices(devices)), **env},
+                      {**child_process.child_env(isolation.child_devices(devices), cpus), **env},
                       gpus=bool(devices))
         conn.send(("child", rank, proc.pid))
         return _watch(conn, proc, rank)

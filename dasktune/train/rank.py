@@ -106,6 +106,11 @@ def _init_process_group(info: RankInfo) -> Any:
             return None
         raise ImportError("a TorchTrainer with several workers needs PyTorch: "
                           'pip install "dasktune[torch]"') from None
+    # A forked rank's OpenMP was set up in its fork server, before this rank's thread
+    # count (its reserved CPUs: ``child_process.child_env``) was in its environment.
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
     backend = info.backend
     if backend == "nccl":
         torch.cuda.set_device(0)  # the rank sees exactly its own device

@@ -71,6 +71,7 @@ class GroupSpec:
     loop_config: dict[str, Any] | None
     info: RankInfo  # rank 0's; the others are copies with their own ranks
     listen_host: str
+    cpus: float  # each rank's reserved CPUs: its math-library threads
 
 
 class WorkerGroup:
@@ -117,7 +118,8 @@ class WorkerGroup:
             hellos = self._gather(incoming, arrived, "launcher")
             master_port = hellos[0][3]
             for rank, conn in self._launchers.items():
-                conn.send(("start", self._env(rank, master_port), list(self.devices[rank])))
+                conn.send(("start", self._env(rank, master_port), list(self.devices[rank]),
+                           self.spec.cpus))
             self._gather(incoming, arrived, "rank")
             for rank, conn in self._ranks.items():
                 info = replace(self.spec.info, **self._ranks_of(rank))
