@@ -178,3 +178,31 @@ def test_a_rank_imports_neither_the_tuner_nor_dasks_client():
     out = r.stdout.split("\n")
     assert out[0] == "[]"
     assert out[1] == "dasktune.tuner dasktune.train.torch.torch_trainer"
+
+
+def test_enable_reproducibility_seeds_every_generator_and_makes_torch_deterministic(
+        monkeypatch):
+    torch = pytest.importorskip("torch")
+    import random
+
+    import numpy
+
+    from dasktune.train.torch import enable_reproducibility
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+
+    def draws() -> tuple[float, float, float]:
+        return torch.rand(1).item(), random.random(), float(numpy.random.rand())
+
+    try:
+        enable_reproducibility(7)
+        first = draws()
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.backends.cudnn.benchmark is False
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        enable_reproducibility(7)
+        assert draws() == first
+        enable_reproducibility(8)
+        assert draws() != first
+    finally:  # the rest of the session runs as before
+        torch.use_deterministic_algorithms(False)

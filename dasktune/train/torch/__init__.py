@@ -11,6 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from dasktune.train.torch.train_loop_utils import (
+    enable_reproducibility,
     get_device,
     get_devices,
     prepare_data_loader,
@@ -31,5 +32,5 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__all__ = ["TorchConfig", "TorchTrainer", "get_device", "get_devices", "prepare_data_loader",
-           "prepare_model"]
+__all__ = ["TorchConfig", "TorchTrainer", "enable_reproducibility", "get_device", "get_devices",
+           "prepare_data_loader", "prepare_model"]

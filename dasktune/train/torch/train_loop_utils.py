@@ -1,5 +1,6 @@
-"""``prepare_model``, ``prepare_data_loader``, ``get_device``: the same training loop on
-one rank or many, CPU or GPU (Ray's ``ray.train.torch`` helpers).
+"""``prepare_model``, ``prepare_data_loader``, ``get_device``, ``enable_reproducibility``:
+the same training loop on one rank or many, CPU or GPU (Ray's ``ray.train.torch``
+helpers).
 
 Each rank's process sees exactly its own GPUs (``CUDA_VISIBLE_DEVICES``), so its device
 is ``cuda:0``; without GPUs it is the CPU. ``torch`` is imported lazily: the rest of
@@ -8,11 +9,14 @@ is ``cuda:0``; without GPUs it is the CPU. ``torch`` is imported lazily: the res
 
 from __future__ import annotations
 
+import os
+import random
 from typing import Any
 
 from dasktune.train import context
 
-__all__ = ["get_device", "get_devices", "prepare_data_loader", "prepare_model"]
+__all__ = ["enable_reproducibility", "get_device", "get_devices", "prepare_data_loader",
+           "prepare_model"]
 
 
 def _torch() -> Any:
@@ -42,6 +46,27 @@ def get_devices() -> list[Any]:
 def get_device() -> Any:
     """This rank's device: its first GPU (``cuda:0``), else the CPU."""
     return get_devices()[0]
+
+
+def enable_reproducibility(seed: int = 0) -> None:
+    """Limit the sources of run-to-run differences in this process, as Ray's does: seed
+    torch, Python's ``random`` and NumPy with ``seed``, make torch use deterministic
+    algorithms (an operation that has none then raises) and cuDNN stop benchmarking
+    convolutions, and set ``CUBLAS_WORKSPACE_CONFIG`` (CUDA's deterministic matmuls need
+    it). Call it first thing in ``train_loop_per_worker``; results can still differ
+    across machines and library versions (PyTorch's notes on randomness)."""
+    torch = _torch()
+    torch.manual_seed(seed)
+    random.seed(seed)
+    try:
+        import numpy
+    except ImportError:  # torch runs without NumPy: nothing of it to seed
+        pass
+    else:
+        numpy.random.seed(seed)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
 
 
 def prepare_model(model: Any, move_to_device: bool | Any = True,
