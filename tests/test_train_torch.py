@@ -208,10 +208,6 @@ def late_rank_loop(config: dict[str, Any]) -> None:
         time.sleep(config["linger"])
 
 
-def set_worker_config(key: str, value: Any) -> None:
-    dask.config.set({key: value})  # on a worker (``client.run``), for its next ranks
-
-
 def threads_loop() -> None:
     import torch
 
@@ -227,7 +223,9 @@ def test_a_rank_computes_on_as_many_threads_as_cpus_it_reserved(dask_processes, 
     procs = dask_processes(n_workers=2, nthreads=1, resources="CPU=2")
     client = connect(procs.address)
     for cpus, forkserver in ((2, True), (2, False), (1, True)):
-        client.run(set_worker_config, "dasktune.train.forkserver", forkserver)
+        # On each worker, for its next ranks (dask.config.set itself: the workers cannot
+        # import this module for a helper of its own).
+        client.run(dask.config.set, {"dasktune.train.forkserver": forkserver})
         result = TorchTrainer(
             threads_loop, scaling_config=train.ScalingConfig(
                 num_workers=2, resources_per_worker={"CPU": cpus}),
